@@ -1,0 +1,175 @@
+//! The GPU: adapter and device (WebGPU in the browser, Vulkan natively), buffers, readback, and the kernels
+//! (one WGSL file per kernel family in `shaders/`, included at compile time).
+
+pub mod dequant;
+
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuError(pub String);
+
+impl fmt::Display for GpuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for GpuError {}
+
+/// What the adapter is, for people and logs.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_storage_buffers_per_shader_stage: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub features: Vec<String>,
+}
+
+impl fmt::Display for AdapterSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = if self.name.is_empty() { "(unnamed adapter)" } else { &self.name };
+        write!(
+            f,
+            "{name} [{} {}{}] maxBufferSize {} maxStorageBufferBindingSize {}",
+            self.backend,
+            self.device_type,
+            if self.driver.is_empty() { String::new() } else { format!(", {}", self.driver) },
+            self.max_buffer_size,
+            self.max_storage_buffer_binding_size
+        )
+    }
+}
+
+/// wgpu leaves the name empty on the web; GPUAdapterInfo has vendor and architecture ("google swiftshader").
+#[cfg(target_arch = "wasm32")]
+async fn browser_adapter_name() -> Option<String> {
+    use wasm_bindgen::JsValue;
+    let get = |obj: &JsValue, key: &str| js_sys::Reflect::get(obj, &JsValue::from_str(key)).ok().filter(|v| !v.is_undefined());
+    let gpu = get(&get(&js_sys::global(), "navigator")?, "gpu")?;
+    let request: js_sys::Function = get(&gpu, "requestAdapter")?.into();
+    let adapter = wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(request.call0(&gpu).ok()?)).await.ok()?;
+    let info = get(&adapter, "info")?;
+    let parts: Vec<String> = ["vendor", "architecture", "description"].iter().filter_map(|k| get(&info, k)?.as_string()).filter(|s| !s.is_empty()).collect();
+    Some(parts.join(" "))
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+async fn browser_adapter_name() -> Option<String> {
+    None
+}
+
+/// An adapter, its device and queue.
+pub struct Gpu {
+    pub adapter: wgpu::Adapter,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub summary: AdapterSummary,
+}
+
+impl Gpu {
+    /// The best adapter of the platform's backend (WebGPU in the browser, Vulkan natively), with a device
+    /// that has the adapter's own limits.
+    pub async fn new() -> Result<Gpu, GpuError> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = if cfg!(target_arch = "wasm32") { wgpu::Backends::BROWSER_WEBGPU } else { wgpu::Backends::VULKAN };
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                GpuError(format!(
+                    "no WebGPU/Vulkan adapter found ({e}); in a browser, WebGPU needs Chrome or Edge 113+ on a machine with a supported GPU"
+                ))
+            })?;
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("lingtab"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError(format!("the adapter refused a device: {e}")))?;
+        let info = adapter.get_info();
+        let summary = AdapterSummary {
+            name: if info.name.is_empty() { browser_adapter_name().await.unwrap_or_default() } else { info.name },
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: [info.driver, info.driver_info].iter().filter(|s| !s.is_empty()).cloned().collect::<Vec<_>>().join(" "),
+            max_buffer_size: limits.max_buffer_size,
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
+            max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+            max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
+        };
+        Ok(Gpu { adapter, device, queue, summary })
+    }
+
+    pub fn storage_buffer(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
+    pub fn upload(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let buffer = self.storage_buffer(label, bytes.len() as u64);
+        let mut padded = bytes.to_vec();
+        padded.resize(bytes.len().next_multiple_of(4), 0);
+        self.queue.write_buffer(&buffer, 0, &padded);
+        buffer
+    }
+
+    /// Copies `size` bytes of `buffer` back to the CPU.
+    pub async fn read_back(&self, buffer: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
+        let size = size.next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
+        self.queue.submit([encoder.finish()]);
+        let (tx, rx) = futures_channel::oneshot::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError(format!("GPU poll failed: {e}")))?;
+        rx.await
+            .map_err(|_| GpuError("the GPU device was lost during a readback".into()))?
+            .map_err(|e| GpuError(format!("mapping a readback buffer failed: {e}")))?;
+        let data = staging.slice(..).get_mapped_range().map_err(|e| GpuError(format!("readback: {e}")))?.to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+
+    /// Splits `n_workgroups` over x and y so neither exceeds the adapter's per-dimension limit
+    /// (kernels recover the linear index from `num_workgroups`); the overshoot is bounds-checked in the kernels.
+    pub fn grid(&self, n_workgroups: u32) -> (u32, u32) {
+        let max = self.device.limits().max_compute_workgroups_per_dimension.max(1);
+        if n_workgroups <= max {
+            (n_workgroups.max(1), 1)
+        } else {
+            let y = n_workgroups.div_ceil(max);
+            (n_workgroups.div_ceil(y), y)
+        }
+    }
+}

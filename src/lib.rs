@@ -1,0 +1,18 @@
+//! lingtab: Ling 3.0 Flash (`bailingmoe3`) on WebGPU, with its routed experts streamed from disk.
+//!
+//! Data flows one way, one module per stage: bytes ([`gguf`], [`quant`]) → what the model is ([`model`]) →
+//! test models ([`tiny`]) → the GPU ([`gpu`]) → JavaScript ([`web`]).
+
+pub mod gguf;
+pub mod model;
+pub mod quant;
+pub mod source;
+pub mod tiny;
+
+#[cfg(target_arch = "wasm32")]
+pub mod web;
+
+/// The native command-line tool's subcommands (the `lingtab` binary is a thin shell over these).
+#[cfg(not(target_arch = "wasm32"))]
+pub mod cli;
+pub mod gpu;

@@ -1,0 +1,61 @@
+//! Where model bytes come from: ranges of a local file natively, HTTP Range requests in the browser.
+//! Every source answers the same question — "bytes [start, start+len) and the file's total length" — so the
+//! header reader and (later) ingest do not care which platform they run on.
+
+#[cfg(target_arch = "wasm32")]
+mod http_web;
+#[cfg(not(target_arch = "wasm32"))]
+mod file;
+
+#[cfg(target_arch = "wasm32")]
+pub use http_web::HttpSource;
+#[cfg(not(target_arch = "wasm32"))]
+pub use file::FileSource;
+
+use crate::gguf::{parse_header, split_part_names, GgufError, Header, SplitModel};
+
+/// A readable, fixed-length run of bytes (one GGUF part).
+#[allow(async_fn_in_trait)]
+pub trait RangeSource {
+    /// Where the bytes come from, for error messages.
+    fn describe(&self) -> String;
+    /// Reads `len` bytes at `start` (fewer only at the end of the file) and returns them with the total length.
+    async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String>;
+}
+
+/// First read of a header: enough for the tiny model and most of a real one's vocabulary.
+const FIRST_READ: u64 = 1 << 20;
+
+/// Reads a GGUF header from a source, fetching a longer prefix whenever the parser asks for one.
+pub async fn read_header<S: RangeSource>(source: &S) -> Result<(Header, u64), String> {
+    let (mut prefix, total) = source.read_range(0, FIRST_READ).await?;
+    loop {
+        match parse_header(&prefix, Some(total)) {
+            Ok(h) => return Ok((h, total)),
+            Err(GgufError::NeedMoreBytes { needed }) if needed <= total && (prefix.len() as u64) < total => {
+                // grow geometrically so a 150k-token vocabulary costs a handful of requests, not hundreds
+                let want = needed.max(prefix.len() as u64 * 2).min(total);
+                let start = prefix.len() as u64;
+                let (more, _) = source.read_range(start, want - start).await?;
+                if more.is_empty() {
+                    return Err(format!("{}: the source returned no bytes at offset {start}", source.describe()));
+                }
+                prefix.extend_from_slice(&more);
+            }
+            Err(GgufError::NeedMoreBytes { needed }) => {
+                return Err(format!("{}: truncated GGUF: the header needs {needed} bytes, the file has {total}", source.describe()))
+            }
+            Err(e) => return Err(format!("{}: {e}", source.describe())),
+        }
+    }
+}
+
+/// Opens every part of a model from the name (path or URL) of its first part; `open` makes a source for a name.
+pub async fn open_model<S: RangeSource>(first: &str, open: impl Fn(&str) -> Result<S, String>) -> Result<SplitModel, String> {
+    let names = split_part_names(first).map_err(|e| e.to_string())?;
+    let mut parts = Vec::with_capacity(names.len());
+    for name in &names {
+        parts.push(read_header(&open(name)?).await?);
+    }
+    SplitModel::new(parts).map_err(|e| format!("{first}: {e}"))
+}

@@ -1,0 +1,1 @@
+pub const CORPUS: &[&str] = &[];

@@ -1,0 +1,248 @@
+//! The GGUF reader, split handling and writer: the fixture read back against gguf-py's table (tensors.tsv),
+//! writer round trips, and every kind of bad input giving a clear error (never a panic or a huge allocation).
+#![cfg(not(target_arch = "wasm32"))]
+
+use lingtab::gguf::{parse_header, GgufError, GgufWriter, SplitModel, Value, ValueType};
+use lingtab::model::Config;
+use lingtab::quant::GgmlType;
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-ling").join(name)
+}
+
+fn read_parts() -> Vec<Vec<u8>> {
+    ["tiny-ling-00001-of-00002.gguf", "tiny-ling-00002-of-00002.gguf"].iter().map(|n| std::fs::read(fixture(n)).unwrap()).collect()
+}
+
+fn open(parts: &[Vec<u8>]) -> Result<SplitModel, GgufError> {
+    let headers = parts.iter().map(|p| parse_header(p, Some(p.len() as u64)).map(|h| (h, p.len() as u64))).collect::<Result<Vec<_>, _>>()?;
+    SplitModel::new(headers)
+}
+
+#[test]
+fn fixture_matches_gguf_py_tensor_table() {
+    let model = open(&read_parts()).unwrap();
+    // tensors.tsv was written by gguf-py when the fixture was made: name, type, dims, part, offset, bytes
+    let tsv = std::fs::read_to_string(fixture("tensors.tsv")).unwrap();
+    let rows: Vec<Vec<&str>> = tsv.lines().skip(1).map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows.len(), model.tensors.len());
+    for (row, t) in rows.iter().zip(&model.tensors) {
+        assert_eq!(row[0], t.info.name);
+        assert_eq!(row[1], t.info.ty.name());
+        let dims: Vec<u64> = row[2].trim_matches(['[', ']']).split(", ").map(|d| d.parse().unwrap()).collect();
+        assert_eq!(dims, t.info.dims, "{}", t.info.name);
+        assert_eq!(row[3].parse::<usize>().unwrap(), t.part + 1, "{}", t.info.name);
+        assert_eq!(row[4].parse::<u64>().unwrap(), t.file_offset, "{}", t.info.name);
+        assert_eq!(row[5].parse::<u64>().unwrap(), t.info.n_bytes(), "{}", t.info.name);
+    }
+    let config = Config::from_header(model.header()).unwrap();
+    assert_eq!((config.n_layer, config.hidden, config.n_expert, config.vocab_size), (7, 256, 32, 3584));
+    assert_eq!(config.clamp_shexp, vec![0.0, 0.0, 0.0, 0.0, 1.75, 1.75, 2.5]);
+}
+
+#[test]
+fn prefix_too_short_says_how_many_bytes_are_needed() {
+    let parts = read_parts();
+    let full = parse_header(&parts[0], None).unwrap();
+    let mut prefix_len = 64usize;
+    let mut rounds = 0;
+    loop {
+        match parse_header(&parts[0][..prefix_len], None) {
+            Ok(h) => {
+                assert_eq!(h, full);
+                break;
+            }
+            Err(GgufError::NeedMoreBytes { needed }) => {
+                assert!(needed as usize > prefix_len, "needed {needed} must exceed the {prefix_len} bytes given");
+                // follow the reader's request exactly for a while, then grow faster (as an HTTP caller would)
+                prefix_len = if rounds < 200 { needed as usize } else { (needed as usize).max(prefix_len * 2) };
+                rounds += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(rounds > 10, "the header grows field by field ({rounds} rounds)");
+}
+
+fn writer_with_every_value_type() -> GgufWriter {
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", Value::String("test".into()));
+    w.set("u8", Value::U8(200));
+    w.set("i8", Value::I8(-100));
+    w.set("u16", Value::U16(60000));
+    w.set("i16", Value::I16(-30000));
+    w.set("u32", Value::U32(4_000_000_000));
+    w.set("i32", Value::I32(-2_000_000_000));
+    w.set("f32", Value::F32(1.5e-6));
+    w.set("bool", Value::Bool(true));
+    w.set("string", Value::String("héllo ✓".into()));
+    w.set("u64", Value::U64(u64::MAX));
+    w.set("i64", Value::I64(i64::MIN));
+    w.set("f64", Value::F64(-2.25));
+    w.set("empty", Value::Array(ValueType::U32, vec![]));
+    w.set(
+        "nested",
+        Value::Array(ValueType::Array, vec![
+            Value::Array(ValueType::String, vec![Value::String("a".into()), Value::String("bc".into())]),
+            Value::Array(ValueType::I16, vec![Value::I16(-1)]),
+        ]),
+    );
+    w.add_tensor("a", GgmlType::F32, &[3, 2]).unwrap();
+    w.add_tensor("b", GgmlType::Q4_K, &[256, 2]).unwrap();
+    w.add_tensor("c", GgmlType::Q5_0, &[128, 3, 2]).unwrap();
+    w.add_tensor("d", GgmlType::F16, &[7]).unwrap();
+    w
+}
+
+fn data_for(w: &GgufWriter, i: usize) -> Vec<u8> {
+    (0..w.tensors[i].n_bytes()).map(|b| (b as usize * 7 + i) as u8).collect()
+}
+
+#[test]
+fn writer_round_trips_single_and_split() {
+    let w = writer_with_every_value_type();
+    for n_parts in [1, 2, 3, 4] {
+        let parts = w.to_parts(n_parts, |i| data_for(&w, i)).unwrap();
+        assert_eq!(parts.len(), n_parts);
+        let model = open(&parts).unwrap();
+        let h = model.header();
+        for (k, v) in &w.metadata {
+            assert_eq!(h.get(k), Some(v), "key {k} with {n_parts} parts");
+        }
+        if n_parts > 1 {
+            assert_eq!(h.get("split.count"), Some(&Value::U16(n_parts as u16)));
+            // later parts carry only the split keys, like gguf-split
+            assert_eq!(model.parts[1].metadata.len(), 3);
+        }
+        assert_eq!(model.tensors.len(), 4);
+        for (i, spec) in w.tensors.iter().enumerate() {
+            let t = model.tensor(&spec.name).unwrap();
+            assert_eq!((&t.info.dims, t.info.ty), (&spec.dims, spec.ty));
+            let bytes = &parts[t.part][t.file_offset as usize..(t.file_offset + t.info.n_bytes()) as usize];
+            assert_eq!(bytes, data_for(&w, i).as_slice(), "tensor {} data", spec.name);
+            // the virtual file is the parts concatenated
+            let concat: Vec<u8> = parts.concat();
+            assert_eq!(&concat[t.abs_offset as usize..(t.abs_offset + t.info.n_bytes()) as usize], bytes);
+        }
+    }
+}
+
+fn err_of(bytes: &[u8]) -> String {
+    parse_header(bytes, Some(bytes.len() as u64)).unwrap_err().to_string()
+}
+
+/// A minimal header with one metadata key, built by hand so single fields can be corrupted.
+fn header_bytes(version: u32, n_tensors: u64, n_kv: u64, kv: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&version.to_le_bytes());
+    b.extend_from_slice(&n_tensors.to_le_bytes());
+    b.extend_from_slice(&n_kv.to_le_bytes());
+    b.extend_from_slice(kv);
+    b
+}
+
+fn kv_string(key: &str, declared_len: u64, value: &str) -> Vec<u8> {
+    let mut b = (key.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(key.as_bytes());
+    b.extend_from_slice(&8u32.to_le_bytes());
+    b.extend_from_slice(&declared_len.to_le_bytes());
+    b.extend_from_slice(value.as_bytes());
+    b
+}
+
+#[test]
+fn bad_headers_give_clear_errors() {
+    let good = writer_with_every_value_type().to_parts(1, |_| vec![]).err();
+    assert!(good.is_some(), "wrong data lengths are refused by the writer");
+
+    assert!(err_of(b"GGML\x03\0\0\0").contains("not a GGUF file"));
+    assert!(err_of(&header_bytes(2, 0, 0, &[])).contains("unsupported GGUF version 2"));
+    assert!(err_of(&header_bytes(99, 0, 0, &[])).contains("version 99"));
+    // counts far beyond the file: refused before anything is allocated
+    assert!(err_of(&header_bytes(3, 0, u64::MAX / 2, &[])).contains("metadata count"));
+    assert!(err_of(&header_bytes(3, 1 << 40, 0, &[])).contains("tensor count"));
+    assert!(err_of(&header_bytes(3, 0, 1, &kv_string("k", 1 << 50, "x"))).contains("length"));
+    // unknown value type
+    let mut kv = kv_string("k", 1, "x");
+    kv[8 + 1..8 + 1 + 4].copy_from_slice(&77u32.to_le_bytes());
+    assert!(err_of(&header_bytes(3, 0, 1, &kv)).contains("unknown value type 77"));
+    // array length larger than the file
+    let mut arr = 1u64.to_le_bytes().to_vec();
+    arr.extend_from_slice(b"a");
+    arr.extend_from_slice(&9u32.to_le_bytes());
+    arr.extend_from_slice(&4u32.to_le_bytes());
+    arr.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    assert!(err_of(&header_bytes(3, 0, 1, &arr)).contains("array length"));
+    // invalid UTF-8 in a key
+    let mut bad_key = kv_string("k", 1, "x");
+    bad_key[8] = 0xFF;
+    assert!(err_of(&header_bytes(3, 0, 1, &bad_key)).contains("UTF-8"));
+    // a truncated header without a known file length asks for more
+    let truncated = &header_bytes(3, 0, 1, &kv_string("key", 5, "value"))[..30];
+    assert!(matches!(parse_header(truncated, None), Err(GgufError::NeedMoreBytes { .. })));
+    // …and with a known length it is a clear truncation error
+    assert!(parse_header(truncated, Some(30)).unwrap_err().to_string().contains("only"));
+}
+
+#[test]
+fn unknown_tensor_type_and_truncated_data_are_refused() {
+    let w = writer_with_every_value_type();
+    let mut file = w.to_parts(1, |i| data_for(&w, i)).unwrap().remove(0);
+    let h = parse_header(&file, Some(file.len() as u64)).unwrap();
+    // truncate the tensor data: the header is fine but the tensors no longer fit
+    let short = &file[..(h.data_start + h.data_len() - 1) as usize];
+    assert!(parse_header(short, Some(short.len() as u64)).unwrap_err().to_string().contains("end of tensor data"));
+    // patch tensor "a"'s type id (the u32 before its offset) to an unknown ggml type
+    let name_pos = file.windows(9).rposition(|w| w == b"\x01\0\0\0\0\0\0\0a").unwrap() + 9;
+    let type_pos = name_pos + 4 + 2 * 8;
+    file[type_pos..type_pos + 4].copy_from_slice(&1234u32.to_le_bytes());
+    assert!(err_of(&file).contains("unknown ggml type 1234"));
+    assert_eq!(h.tensors.len(), 4);
+}
+
+#[test]
+fn split_parts_missing_extra_or_out_of_order_are_refused() {
+    let parts = read_parts();
+    let err = |p: Vec<Vec<u8>>| open(&p).unwrap_err().to_string();
+    assert!(err(vec![parts[0].clone()]).contains("part 2 is missing"));
+    assert!(err(vec![parts[0].clone(), parts[1].clone(), parts[1].clone()]).contains("extra"));
+    assert!(err(vec![parts[1].clone(), parts[0].clone()]).contains("out of order"));
+    // a part cut short on disk
+    let short = parts[1][..parts[1].len() - 1000].to_vec();
+    let h = parse_header(&short, None).unwrap();
+    let e = SplitModel::new(vec![(parse_header(&parts[0], None).unwrap(), parts[0].len() as u64), (h, short.len() as u64)]).unwrap_err();
+    assert!(e.to_string().contains("truncated"), "{e}");
+    // a part of another model (different split.count)
+    let w = writer_with_every_value_type();
+    let other = w.to_parts(3, |i| data_for(&w, i)).unwrap();
+    assert!(err(vec![parts[0].clone(), other[1].clone()]).contains("different models"));
+}
+
+#[test]
+fn config_refuses_variants_it_does_not_implement() {
+    let parts = read_parts();
+    let base = parse_header(&parts[0], None).unwrap();
+    let with = |key: &str, value: Option<Value>| {
+        let mut metadata = base.metadata.clone();
+        metadata.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            metadata.push((key.to_string(), v));
+        }
+        let mut w = GgufWriter::new();
+        w.metadata = metadata;
+        let bytes = w.to_parts(1, |_| vec![]).unwrap().remove(0);
+        Config::from_header(&parse_header(&bytes, None).unwrap()).map_err(|e| e.to_string())
+    };
+    assert!(with("bailingmoe3.attention.q_lora_rank", Some(Value::U32(1536))).unwrap_err().contains("q LoRA"));
+    assert!(with("bailingmoe3.rope.dimension_sections", Some(Value::Array(ValueType::I32, vec![Value::I32(16)]))).unwrap_err().contains("M-RoPE"));
+    assert!(with("bailingmoe3.expert_gating_func", Some(Value::U32(1))).unwrap_err().contains("sigmoid"));
+    assert!(with("bailingmoe3.rope.scaling.type", Some(Value::String("yarn".into()))).unwrap_err().contains("RoPE scaling"));
+    assert!(with("general.architecture", Some(Value::String("llama".into()))).unwrap_err().contains("\"llama\" model"));
+    assert!(with("bailingmoe3.expert_count", None).unwrap_err().contains("missing metadata key bailingmoe3.expert_count"));
+    // scalar clamp keys mean "every layer"; a missing shared-FFN length falls back to expert ff × shared count
+    let c = with("bailingmoe3.swiglu_clamp_exp", Some(Value::F32(4.0))).unwrap();
+    assert_eq!(c.clamp_exp, vec![4.0; 7]);
+    let c = with("bailingmoe3.expert_shared_feed_forward_length", None).unwrap();
+    assert_eq!(c.ff_shared, 256);
+}
