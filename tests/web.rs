@@ -3,16 +3,14 @@
 #![cfg(target_arch = "wasm32")]
 
 use lingtab::gguf::{parse_header, SplitModel};
-use lingtab::gpu::{dequant, Gpu};
+use lingtab::gpu::Gpu;
 use lingtab::model::Config;
-use lingtab::quant::{self, GgmlType};
 use lingtab::tiny::{TinyModel, TinyOptions};
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 use wasm_bindgen_test::*;
 
 mod common;
-use common::random_blocks;
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
 
@@ -29,18 +27,8 @@ async fn webgpu_adapter_is_present() {
 }
 
 #[wasm_bindgen_test]
-async fn dequant_kernels_match_cpu_reference_in_browser() {
-    let gpu = Gpu::new().await.expect("WebGPU adapter");
-    let seed = js_sys::Date::now() as u64;
-    for (ty, n_blocks) in [(GgmlType::Q4_K, 7), (GgmlType::Q6_K, 5), (GgmlType::Q5_0, 37), (GgmlType::Q8_0, 41)] {
-        let blocks = random_blocks(ty, n_blocks, seed ^ ty.id() as u64);
-        let want = quant::dequantize_to_vec(ty, &blocks).unwrap();
-        let got = dequant::dequantize(&gpu, ty, &blocks).await.unwrap();
-        assert_eq!(got.len(), want.len());
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(g == w, "{ty} element {i}: GPU {g} vs CPU {w} (seed {seed})");
-        }
-    }
+async fn dequant_kernels_match_cpu_reference() {
+    common::dequant::dequant_kernels_match_cpu_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }
 
 #[wasm_bindgen_test]

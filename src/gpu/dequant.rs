@@ -1,7 +1,7 @@
 //! GPU dequantisation of ggml blocks (`shaders/dequant.wgsl`): the GPU's reading of every block format,
 //! checked against the CPU reference in [`crate::quant`].
 
-use super::{Gpu, GpuError};
+use super::{Gpu, GpuError, Pass, P};
 use crate::quant::GgmlType;
 
 const SHADER: &str = include_str!("../../shaders/dequant.wgsl");
@@ -24,47 +24,13 @@ pub async fn dequantize(gpu: &Gpu, ty: GgmlType, blocks: &[u8]) -> Result<Vec<f3
         return Err(GpuError(format!("{} bytes are not whole {ty} blocks", blocks.len())));
     }
     let n = (blocks.len() / ty.block_bytes() * ty.block_elems()) as u32;
-    let device = &gpu.device;
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("dequant.wgsl"),
-        source: wgpu::ShaderSource::Wgsl(SHADER.into()),
-    });
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(entry),
-        layout: None,
-        module: &module,
-        entry_point: Some(entry),
-        compilation_options: Default::default(),
-        cache: None,
-    });
+    let kernel = gpu.kernel("dequant.wgsl", SHADER, entry);
     let src = gpu.upload("blocks", blocks);
     let poison: Vec<u8> = std::iter::repeat_n(f32::NAN.to_le_bytes(), n as usize).flatten().collect();
     let dst = gpu.upload("dequantised", &poison);
-    let params = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("params"),
-        size: 16,
-        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    gpu.queue.write_buffer(&params, 0, bytemuck::cast_slice(&[n, 0, 0, 0]));
-    let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &[
-            wgpu::BindGroupEntry { binding: 0, resource: src.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 1, resource: dst.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 2, resource: params.as_entire_binding() },
-        ],
-    });
-    let mut encoder = device.create_command_encoder(&Default::default());
-    {
-        let mut pass = encoder.begin_compute_pass(&Default::default());
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        let (x, y) = gpu.grid(n.div_ceil(256));
-        pass.dispatch_workgroups(x, y, 1);
-    }
-    gpu.queue.submit([encoder.finish()]);
+    let mut pass = Pass::new();
+    pass.dispatch(gpu, &kernel, &[&src, &dst], &[P::U(n), P::U(0)], n.div_ceil(256));
+    pass.submit(gpu);
     let bytes = gpu.read_back(&dst, n as u64 * 4).await?;
     Ok(bytemuck::cast_slice::<u8, f32>(&bytes[..n as usize * 4]).to_vec())
 }

@@ -2,6 +2,9 @@
 //! (one WGSL file per kernel family in `shaders/`, included at compile time).
 
 pub mod dequant;
+pub mod kernel;
+
+pub use kernel::{Kernel, Pass, P};
 
 use std::fmt;
 
@@ -69,6 +72,7 @@ pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub summary: AdapterSummary,
+    kernels: kernel::KernelCache,
 }
 
 impl Gpu {
@@ -114,7 +118,7 @@ impl Gpu {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
         };
-        Ok(Gpu { adapter, device, queue, summary })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default() })
     }
 
     pub fn storage_buffer(&self, label: &str, size: u64) -> wgpu::Buffer {

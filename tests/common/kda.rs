@@ -1,0 +1,1 @@
+//! KDA kernel cases (to be written).

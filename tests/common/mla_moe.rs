@@ -1,0 +1,1 @@
+//! MLA and MoE kernel cases (to be written).
