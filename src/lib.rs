@@ -3,6 +3,7 @@
 //! Data flows one way, one module per stage: bytes ([`gguf`], [`quant`]) → what the model is ([`model`]) →
 //! test models ([`tiny`]) → the GPU ([`gpu`]) → JavaScript ([`web`]).
 
+pub mod engine;
 pub mod gguf;
 pub mod model;
 pub mod quant;

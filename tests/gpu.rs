@@ -16,3 +16,88 @@ fn gpu() -> Gpu {
 fn dequant_kernels_match_cpu_reference() {
     pollster::block_on(common::dequant::dequant_kernels_match_cpu_reference(&gpu()));
 }
+
+#[test]
+fn matvec_every_type_matches_reference() {
+    pollster::block_on(common::matvec::matvec_every_type_matches_reference(&gpu()));
+}
+
+#[test]
+fn batched_matvec_matches_reference() {
+    pollster::block_on(common::matvec::batched_matvec_matches_reference(&gpu()));
+}
+
+#[test]
+fn expert_matvec_reads_selected_slots() {
+    pollster::block_on(common::matvec::expert_matvec_reads_selected_slots(&gpu()));
+}
+
+#[test]
+fn rms_norm_and_argmax_match_reference() {
+    pollster::block_on(common::matvec::rms_norm_and_argmax_match_reference(&gpu()));
+}
+
+#[test]
+fn kda_conv_matches_cpu_reference() {
+    pollster::block_on(common::kda::kda_conv_matches_cpu_reference(&gpu()));
+}
+
+#[test]
+fn kda_gates_match_cpu_reference() {
+    pollster::block_on(common::kda::kda_gates_match_cpu_reference(&gpu()));
+}
+
+#[test]
+fn kda_delta_matches_cpu_reference() {
+    pollster::block_on(common::kda::kda_delta_matches_cpu_reference(&gpu()));
+}
+
+#[test]
+fn kda_head_norm_gate_matches_cpu_reference() {
+    pollster::block_on(common::kda::kda_head_norm_gate_matches_cpu_reference(&gpu()));
+}
+
+#[test]
+fn mla_kv_row_matches_reference() {
+    pollster::block_on(common::mla_moe::mla_kv_row_matches_reference(&gpu()));
+}
+
+#[test]
+fn mla_rope_q_matches_reference() {
+    pollster::block_on(common::mla_moe::mla_rope_q_matches_reference(&gpu()));
+}
+
+#[test]
+fn mla_attention_matches_reference() {
+    pollster::block_on(common::mla_moe::mla_attention_matches_reference(&gpu()));
+}
+
+#[test]
+fn mla_head_gate_matches_reference() {
+    pollster::block_on(common::mla_moe::mla_head_gate_matches_reference(&gpu()));
+}
+
+#[test]
+fn moe_route_matches_reference() {
+    pollster::block_on(common::mla_moe::moe_route_matches_reference(&gpu()));
+}
+
+#[test]
+fn moe_route_ties_pick_lower_index() {
+    pollster::block_on(common::mla_moe::moe_route_ties_pick_lower_index(&gpu()));
+}
+
+#[test]
+fn swiglu_matches_reference() {
+    pollster::block_on(common::mla_moe::swiglu_matches_reference(&gpu()));
+}
+
+#[test]
+fn moe_accumulate_matches_reference() {
+    pollster::block_on(common::mla_moe::moe_accumulate_matches_reference(&gpu()));
+}
+
+#[test]
+fn add_matches_reference() {
+    pollster::block_on(common::mla_moe::add_matches_reference(&gpu()));
+}

@@ -32,6 +32,71 @@ async fn dequant_kernels_match_cpu_reference() {
 }
 
 #[wasm_bindgen_test]
+async fn kda_conv_matches_cpu_reference() {
+    common::kda::kda_conv_matches_cpu_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn kda_gates_match_cpu_reference() {
+    common::kda::kda_gates_match_cpu_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn kda_delta_matches_cpu_reference() {
+    common::kda::kda_delta_matches_cpu_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn kda_head_norm_gate_matches_cpu_reference() {
+    common::kda::kda_head_norm_gate_matches_cpu_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn mla_kv_row_matches_reference() {
+    common::mla_moe::mla_kv_row_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn mla_rope_q_matches_reference() {
+    common::mla_moe::mla_rope_q_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn mla_attention_matches_reference() {
+    common::mla_moe::mla_attention_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn mla_head_gate_matches_reference() {
+    common::mla_moe::mla_head_gate_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn moe_route_matches_reference() {
+    common::mla_moe::moe_route_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn moe_route_ties_pick_lower_index() {
+    common::mla_moe::moe_route_ties_pick_lower_index(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn swiglu_matches_reference() {
+    common::mla_moe::swiglu_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn moe_accumulate_matches_reference() {
+    common::mla_moe::moe_accumulate_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn add_matches_reference() {
+    common::mla_moe::add_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 fn make_tiny_model_reads_back_in_wasm() {
     let mut options = TinyOptions::tiny(7);
     options.layers = 3;
@@ -72,4 +137,43 @@ async fn opfs_sync_access_handle_round_trip() {
     JsFuture::from(root.remove_entry("lingtab-test.bin")).await.unwrap();
     assert_eq!(read as usize, data.len());
     assert_eq!(back, data);
+}
+
+/// The local HTTP server `.ci/test` starts for the browser tests (serving `tests/fixtures` with Range support).
+fn test_server() -> &'static str {
+    env!("LINGTAB_TEST_SERVER", "browser tests need LINGTAB_TEST_SERVER (see .ci/test)")
+}
+
+async fn fetch_bytes(url: &str) -> Vec<u8> {
+    let scope: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
+    let response: web_sys::Response = JsFuture::from(scope.fetch_with_str(url)).await.unwrap().unchecked_into();
+    assert_eq!(response.status(), 200, "{url}");
+    js_sys::Uint8Array::new(&JsFuture::from(response.array_buffer().unwrap()).await.unwrap()).to_vec()
+}
+
+/// The tiny-ling fixture end to end in the browser: its two GGUF parts read over HTTP Range requests, the
+/// engine on WebGPU, logits and greedy continuations against llama.cpp's f32 twin.
+#[wasm_bindgen_test]
+async fn forward_pass_matches_llama_cpp_in_browser() {
+    use lingtab::engine::{Engine, EngineOptions};
+    use lingtab::source::{open_model, HttpSource};
+    let base = format!("{}/fixtures/tiny-ling", test_server());
+    let first = format!("{base}/tiny-ling-00001-of-00002.gguf");
+    let model = open_model(&first, |url| Ok(HttpSource { url: url.to_string() })).await.unwrap();
+    let parts: Vec<HttpSource> = lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(|url| HttpSource { url }).collect();
+    let gpu = Gpu::new().await.expect("WebGPU adapter");
+    let mut engine = Engine::load(gpu, &model, &parts, &EngineOptions::default()).await.unwrap();
+    let json = String::from_utf8(fetch_bytes(&format!("{base}/golden/forward_cases.json")).await).unwrap();
+    let mut files = std::collections::HashMap::new();
+    for case in ["hello", "sentence", "chat"] {
+        let name = format!("{case}.f32.prefill_logits.f32");
+        files.insert(name.clone(), fetch_bytes(&format!("{base}/golden/{name}")).await);
+    }
+    let cases = common::forward::cases(&json, |f| files.get(f).cloned().unwrap_or_default());
+    for case in cases.iter().filter(|c| files.contains_key(&format!("{}.f32.prefill_logits.f32", c.id))) {
+        let (max_abs, rms) = common::forward::check_logits(&mut engine, case).await;
+        let greedy = common::forward::check_greedy(&mut engine, case).await;
+        log(&format!("browser {}: {} positions, max |Δ| {max_abs:.2e}, rms {rms:.2e}; greedy equal for {greedy} steps", case.id, case.tokens.len()));
+        assert!(greedy > 0 || case.first_near_tie < case.tokens.len(), "case {}: no greedy step compared", case.id);
+    }
 }

@@ -3,6 +3,7 @@
 pub mod dequant;
 pub mod inspect;
 pub mod make_tiny;
+pub mod run;
 pub mod serve;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,34 @@ enum Command {
         #[arg(long = "mount", value_parser = serve::parse_mount, required = true)]
         mounts: Vec<(String, PathBuf)>,
     },
+    /// Logits of every position, the tokens fed one at a time: little-endian f32, n_tokens × vocab
+    Logits {
+        /// First part of the GGUF
+        #[arg(long)]
+        gguf: PathBuf,
+        /// Token ids: a comma list or a file with a JSON array
+        #[arg(long)]
+        tokens: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write each position's smallest routing margins (JSON) here
+        #[arg(long)]
+        margins: Option<PathBuf>,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// The greedy continuation of a token sequence, printed as a JSON array of ids
+    Greedy {
+        #[arg(long)]
+        gguf: PathBuf,
+        #[arg(long)]
+        tokens: String,
+        /// Tokens to generate
+        #[arg(short = 'n', long = "n", default_value_t = 32)]
+        n: usize,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Dequantise raw blocks of a ggml type to little-endian f32 (a reference for tests)
     Dequant {
         #[arg(long = "type")]
@@ -51,12 +80,34 @@ enum Command {
     },
 }
 
+/// Engine options shared by the commands that run the model.
+#[derive(clap::Args, Debug)]
+struct EngineArgs {
+    /// Context length in tokens (default: the model's, at most 4096)
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Largest buffer binding in bytes (forces tensors and the expert pool to split; also LINGTAB_MAX_BINDING)
+    #[arg(long)]
+    max_binding: Option<u64>,
+}
+
+impl EngineArgs {
+    fn options(&self) -> crate::engine::EngineOptions {
+        let mut o = crate::engine::EngineOptions::from_env();
+        o.n_ctx = self.ctx.or(o.n_ctx);
+        o.max_binding = self.max_binding.or(o.max_binding);
+        o
+    }
+}
+
 pub fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { path, json, full } => inspect::run(&path, json, full),
         Command::MakeTiny(args) => make_tiny::run(&args),
         Command::Serve { host, port, mounts } => serve::run(&host, port, mounts),
+        Command::Logits { gguf, tokens, out, margins, engine } => run::logits(&gguf, &tokens, &out, margins.as_deref(), &engine.options()),
+        Command::Greedy { gguf, tokens, n, engine } => run::greedy(&gguf, &tokens, n, &engine.options()),
         Command::Dequant { ty, input, output } => dequant::run(&ty, &input, &output),
     };
     if let Err(e) = result {

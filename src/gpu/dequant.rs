@@ -1,35 +1,39 @@
-//! GPU dequantisation of ggml blocks (`shaders/dequant.wgsl`): the GPU's reading of every block format,
-//! checked against the CPU reference in [`crate::quant`].
+//! GPU dequantisation of ggml rows (`shaders/dequant.wgsl` over `shaders/quant.wgsl`): embedding lookups, and
+//! the GPU's reading of every block format, checked against the CPU reference in [`crate::quant`].
 
 use super::{Gpu, GpuError, Pass, P};
 use crate::quant::GgmlType;
 
-const SHADER: &str = include_str!("../../shaders/dequant.wgsl");
+pub(crate) const SHADER: &str = concat!(include_str!("../../shaders/quant.wgsl"), include_str!("../../shaders/dequant.wgsl"));
 
-fn entry_point(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        GgmlType::Q4_K => "dequant_q4_k",
-        GgmlType::Q6_K => "dequant_q6_k",
-        GgmlType::Q5_0 => "dequant_q5_0",
-        GgmlType::Q8_0 => "dequant_q8_0",
-        _ => return None,
-    })
+/// The ggml types the GPU kernels read.
+pub fn gpu_readable(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q5_0 | GgmlType::Q8_0)
+}
+
+/// Records the dequantisation of `n` values of type `ty` starting at `byte_offset` of `weights` into
+/// `dst[dst_offset..]` (an embedding row lookup is one such call).
+#[allow(clippy::too_many_arguments)]
+pub fn record(gpu: &Gpu, pass: &mut Pass, weights: &wgpu::Buffer, ty: GgmlType, byte_offset: u64, n: u32, dst: &wgpu::Buffer, dst_offset: u32) {
+    let kernel = gpu.kernel("dequant.wgsl", SHADER, "dequant");
+    pass.dispatch(gpu, &kernel, &[weights, dst], &[P::U(n), P::U(byte_offset as u32), P::U(ty.id()), P::U(dst_offset)], n.div_ceil(256));
 }
 
 /// Dequantises whole blocks of `ty` on the GPU. The output buffer is poisoned with NaN first, so an element
 /// the kernel fails to write shows up in the result.
 pub async fn dequantize(gpu: &Gpu, ty: GgmlType, blocks: &[u8]) -> Result<Vec<f32>, GpuError> {
-    let entry = entry_point(ty).ok_or_else(|| GpuError(format!("no GPU dequantisation kernel for {ty}")))?;
+    if !gpu_readable(ty) {
+        return Err(GpuError(format!("no GPU kernel reads {ty}")));
+    }
     if blocks.len() % ty.block_bytes() != 0 {
         return Err(GpuError(format!("{} bytes are not whole {ty} blocks", blocks.len())));
     }
     let n = (blocks.len() / ty.block_bytes() * ty.block_elems()) as u32;
-    let kernel = gpu.kernel("dequant.wgsl", SHADER, entry);
     let src = gpu.upload("blocks", blocks);
     let poison: Vec<u8> = std::iter::repeat_n(f32::NAN.to_le_bytes(), n as usize).flatten().collect();
     let dst = gpu.upload("dequantised", &poison);
     let mut pass = Pass::new();
-    pass.dispatch(gpu, &kernel, &[&src, &dst], &[P::U(n), P::U(0)], n.div_ceil(256));
+    record(gpu, &mut pass, &src, ty, 0, n, &dst, 0);
     pass.submit(gpu);
     let bytes = gpu.read_back(&dst, n as u64 * 4).await?;
     Ok(bytemuck::cast_slice::<u8, f32>(&bytes[..n as usize * 4]).to_vec())

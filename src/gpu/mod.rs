@@ -2,7 +2,12 @@
 //! (one WGSL file per kernel family in `shaders/`, included at compile time).
 
 pub mod dequant;
+pub mod kda;
 pub mod kernel;
+pub mod matvec;
+pub mod mla;
+pub mod moe;
+pub mod norm;
 
 pub use kernel::{Kernel, Pass, P};
 

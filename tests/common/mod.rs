@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 pub mod dequant;
+pub mod forward;
 pub mod kda;
+pub mod matvec;
 pub mod mla_moe;
 
 use lingtab::gpu::Gpu;

@@ -1,0 +1,247 @@
+// KDA (Kimi delta attention) for one decode token: the causal depthwise conv on q|k|v, the forget gate and β,
+// the gated delta rule on the per-head state (llama.cpp's fused gated-delta-net order), and the per-head
+// RMSNorm with the output gate. All f32.
+// Every write is checked against the logical size and arrayLength: Chromium clamps an out-of-bounds write onto
+// the last element instead of dropping it.
+
+const WORKGROUP: u32 = 256u;
+
+fn sigmoid(x: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+// The wrappers spread large grids over x and y (see `Gpu::grid`).
+fn workgroup_index(wg: vec3<u32>, n_wg: vec3<u32>) -> u32 {
+    return wg.x + wg.y * n_wg.x;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// kda_conv: one invocation per channel.
+
+struct ConvParams {
+    channels: u32,
+    kernel_size: u32,
+}
+
+@group(0) @binding(0) var<storage, read> conv_x: array<f32>;
+@group(0) @binding(1) var<storage, read> conv_w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> conv_state: array<f32>;
+@group(0) @binding(3) var<storage, read_write> conv_y: array<f32>;
+@group(0) @binding(4) var<uniform> conv_params: ConvParams;
+
+fn store_conv_state(i: u32, value: f32) {
+    if (i < conv_params.channels * (conv_params.kernel_size - 1u) && i < arrayLength(&conv_state)) {
+        conv_state[i] = value;
+    }
+}
+
+@compute @workgroup_size(256)
+fn kda_conv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let c = workgroup_index(wg, n_wg) * WORKGROUP + lid;
+    if (c >= conv_params.channels) { return; }
+    let past_len = conv_params.kernel_size - 1u;
+    let state_base = past_len * c;
+    let w_base = conv_params.kernel_size * c;
+    let x = conv_x[c];
+    // Taps in ggml's order (oldest first, current input last); each past value moves one slot older as it is read.
+    var acc = 0.0;
+    for (var i = 0u; i < past_len; i++) {
+        let past = conv_state[state_base + i];
+        acc += conv_w[w_base + i] * past;
+        if (i > 0u) { store_conv_state(state_base + i - 1u, past); }
+    }
+    acc += conv_w[w_base + past_len] * x;
+    store_conv_state(state_base + past_len - 1u, x);
+    if (c < arrayLength(&conv_y)) {
+        conv_y[c] = acc / (1.0 + exp(-acc)); // SiLU, ggml's form
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// kda_gates: one invocation per channel of g; the first n_head invocations also write β.
+
+struct GateParams {
+    n_head: u32,
+    head_dim: u32,
+    lower_bound: f32,
+}
+
+@group(0) @binding(0) var<storage, read> gate_fa: array<f32>;
+@group(0) @binding(1) var<storage, read> gate_dt_bias: array<f32>;
+@group(0) @binding(2) var<storage, read> gate_a: array<f32>;
+@group(0) @binding(3) var<storage, read> gate_beta_logits: array<f32>;
+@group(0) @binding(4) var<storage, read_write> gate_gb: array<f32>;
+@group(0) @binding(5) var<uniform> gate_params: GateParams;
+
+fn store_gate(i: u32, value: f32) {
+    if (i < gate_params.n_head * (gate_params.head_dim + 1u) && i < arrayLength(&gate_gb)) {
+        gate_gb[i] = value;
+    }
+}
+
+@compute @workgroup_size(256)
+fn kda_gates(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let c = workgroup_index(wg, n_wg) * WORKGROUP + lid;
+    let dim = gate_params.n_head * gate_params.head_dim;
+    if (c < dim) {
+        let a = gate_a[c / gate_params.head_dim];
+        store_gate(c, gate_params.lower_bound * sigmoid(a * (gate_fa[c] + gate_dt_bias[c])));
+    }
+    if (c < gate_params.n_head) {
+        store_gate(dim + c, sigmoid(gate_beta_logits[c]));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Workgroup memory of the per-head kernels (one workgroup per head, head_dim ≤ WORKGROUP).
+
+var<workgroup> sum_a: array<f32, WORKGROUP>;
+var<workgroup> sum_b: array<f32, WORKGROUP>;
+var<workgroup> q_hat: array<f32, WORKGROUP>;
+var<workgroup> k_hat: array<f32, WORKGROUP>;
+var<workgroup> decay: array<f32, WORKGROUP>;
+
+// Tree sums of sum_a (and sum_b) into element 0; lanes at or beyond head_dim must have stored zeros.
+fn tree_sum_a(lid: u32) {
+    for (var stride = WORKGROUP / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) { sum_a[lid] += sum_a[lid + stride]; }
+        workgroupBarrier();
+    }
+}
+
+fn tree_sum_ab(lid: u32) {
+    for (var stride = WORKGROUP / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            sum_a[lid] += sum_a[lid + stride];
+            sum_b[lid] += sum_b[lid + stride];
+        }
+        workgroupBarrier();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// kda_delta: one workgroup per head. Value column j of S (M[h·d·d + j·d + i] = S[i][j], i = key index) is
+// reduced by `parts` lanes (j, j + d, ...), each over a contiguous span of i, so small heads still use the
+// whole workgroup.
+
+struct DeltaParams {
+    n_head: u32,
+    head_dim: u32,
+    eps: f32,
+}
+
+@group(0) @binding(0) var<storage, read> delta_qkv: array<f32>;
+@group(0) @binding(1) var<storage, read> delta_gb: array<f32>;
+@group(0) @binding(2) var<storage, read_write> delta_state: array<f32>;
+@group(0) @binding(3) var<storage, read_write> delta_o: array<f32>;
+@group(0) @binding(4) var<uniform> delta_params: DeltaParams;
+
+fn store_delta_state(i: u32, value: f32) {
+    let d = delta_params.head_dim;
+    if (i < delta_params.n_head * d * d && i < arrayLength(&delta_state)) {
+        delta_state[i] = value;
+    }
+}
+
+@compute @workgroup_size(256)
+fn kda_delta(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let h = workgroup_index(wg, n_wg);
+    if (h >= delta_params.n_head) { return; }
+    let d = delta_params.head_dim;
+    let dim = delta_params.n_head * d;
+    let head_base = h * d;
+
+    // L2 norms of q and k (llama.cpp: x / max(‖x‖, ε)) and the decay e^g per key index.
+    var q = 0.0;
+    var k = 0.0;
+    if (lid < d) {
+        q = delta_qkv[head_base + lid];
+        k = delta_qkv[dim + head_base + lid];
+        decay[lid] = exp(delta_gb[head_base + lid]);
+    }
+    sum_a[lid] = q * q;
+    sum_b[lid] = k * k;
+    workgroupBarrier();
+    tree_sum_ab(lid);
+    q_hat[lid] = q * (1.0 / max(sqrt(sum_a[0]), delta_params.eps));
+    k_hat[lid] = k * (1.0 / max(sqrt(sum_b[0]), delta_params.eps));
+    workgroupBarrier();
+
+    let parts = max(1u, WORKGROUP / d);
+    let j = lid % d;
+    let part = lid / d;
+    let span = (d + parts - 1u) / parts;
+    // lanes beyond parts·d get an empty span
+    let i_begin = min(d, part * span);
+    let i_end = min(d, i_begin + span);
+    let column = (head_base + j) * d;
+
+    // 1) decay S along the key index, 2) u_j = Σ_i S[i][j] k̂_i
+    var u_part = 0.0;
+    for (var i = i_begin; i < i_end; i++) {
+        let s = delta_state[column + i] * decay[i];
+        store_delta_state(column + i, s);
+        u_part += s * k_hat[i];
+    }
+    sum_a[lid] = u_part;
+    workgroupBarrier();
+    var u = 0.0;
+    for (var p = 0u; p < parts; p++) { u += sum_a[p * d + j]; }
+    // 3) δ_j = β (v_j − u_j)
+    let delta = delta_gb[dim + h] * (delta_qkv[2u * dim + head_base + j] - u);
+
+    // 4) S[i][j] += k̂_i δ_j, 5) o_j = Σ_i S[i][j] q̂_i / √d
+    var o_part = 0.0;
+    for (var i = i_begin; i < i_end; i++) {
+        let s = delta_state[column + i] + k_hat[i] * delta;
+        store_delta_state(column + i, s);
+        o_part += s * q_hat[i];
+    }
+    workgroupBarrier(); // every lane has read the u partials
+    sum_a[lid] = o_part;
+    workgroupBarrier();
+    if (lid < d) {
+        var o = 0.0;
+        for (var p = 0u; p < parts; p++) { o += sum_a[p * d + j]; }
+        let out = head_base + j;
+        if (out < dim && out < arrayLength(&delta_o)) {
+            delta_o[out] = o * (1.0 / sqrt(f32(d)));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// kda_head_norm_gate: one workgroup per head; lane j < head_dim owns element j.
+
+struct NormGateParams {
+    n_head: u32,
+    head_dim: u32,
+    eps: f32,
+}
+
+@group(0) @binding(0) var<storage, read> norm_o: array<f32>;
+@group(0) @binding(1) var<storage, read> norm_w: array<f32>;
+@group(0) @binding(2) var<storage, read> norm_z: array<f32>;
+@group(0) @binding(3) var<storage, read_write> norm_y: array<f32>;
+@group(0) @binding(4) var<uniform> norm_params: NormGateParams;
+
+@compute @workgroup_size(256)
+fn kda_head_norm_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let h = workgroup_index(wg, n_wg);
+    if (h >= norm_params.n_head) { return; }
+    let d = norm_params.head_dim;
+    let i = h * d + lid;
+    var o = 0.0;
+    if (lid < d) { o = norm_o[i]; }
+    sum_a[lid] = o * o;
+    workgroupBarrier();
+    tree_sum_a(lid);
+    let inv_rms = 1.0 / sqrt(sum_a[0] / f32(d) + norm_params.eps);
+    if (lid < d && i < norm_params.n_head * d && i < arrayLength(&norm_y)) {
+        norm_y[i] = o * inv_rms * norm_w[lid] * sigmoid(norm_z[i]);
+    }
+}

@@ -1,0 +1,26 @@
+// The expert entry point of matvec.wgsl: it replaces the dense entry point there and shares the rest.
+
+@group(0) @binding(0) var<storage, read> weights: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+// expert ids then weights, as moe_route writes them
+@group(0) @binding(3) var<storage, read> sel: array<u32>;
+// pool slot of every (layer, expert)
+@group(0) @binding(4) var<storage, read> slots: array<u32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+var<workgroup> selected_slot: u32;
+
+@compute @workgroup_size(64)
+fn matvec_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let r = wg.x + wg.y * n_wg.x;
+    let j = wg.z;
+    if (lid == 0u) { selected_slot = slots[p.slot_base + sel[j]]; }
+    // one load for the workgroup, and uniform control flow for the barriers in row_dot
+    let slot = workgroupUniformLoad(&selected_slot);
+    if (r >= p.rows || slot / p.slots_per_chunk != p.chunk) { return; }
+    let row = (slot % p.slots_per_chunk) * p.slot_bytes + p.w_offset + r * p.row_bytes;
+    let total = row_dot(row, p.x_offset + j * p.x_stride, lid);
+    if (lid == 0u) { store(p.y_offset + j * p.y_stride + r, total); }
+}

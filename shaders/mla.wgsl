@@ -1,0 +1,249 @@
+// MLA (multi-head latent attention) in the absorbed form, one decode step, all f32.
+// A cache row is [c (rank) | RoPE(k_pe) (rope_dim)]; the value of a row is its first `rank` floats (c).
+// Every write is bounds-checked against the logical size and arrayLength: out-of-bounds writes are dropped on
+// Vulkan but clamped onto the last element by Chromium.
+
+// ── RoPE, ggml mode NORM: adjacent pairs (x_2p, x_2p+1) rotated by θ_p = pos·step^p ──
+
+// ggml builds θ by repeated f32 multiplication (θ_0 = pos, θ_p+1 = θ_p·step), so do the same.
+fn rope_theta(pos: u32, pair: u32, step: f32) -> f32 {
+    var theta = f32(pos);
+    for (var i = 0u; i < pair; i++) {
+        theta *= step;
+    }
+    return theta;
+}
+
+// (cos θ, sin θ) to about 1e-7 for |θ| < 2^18·π/2. The built-ins promise only 2^-11 absolute near zero and
+// lose more on large arguments, while θ_0 = pos reaches the context length.
+fn cos_sin(theta: f32) -> vec2<f32> {
+    let k = round(theta * 0.63661977236758134); // nearest multiple of π/2
+    // θ − k·π/2 with π/2 split in pieces: the first three have 6 significant bits, so k·piece is exact for k < 2^18
+    var x = theta - k * 1.5625;
+    x -= k * 0.008056640625;
+    x -= k * 0.00023651123046875;
+    x -= k * 3.1749393656355096e-06;
+    x -= k * 6.223371969669989e-14;
+    // minimax polynomials on [−π/4, π/4] (Cephes sinf/cosf)
+    let z = x * x;
+    let s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * x + x;
+    let c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
+    switch ((i32(k) % 4 + 4) % 4) {
+        case 0: { return vec2<f32>(c, s); }
+        case 1: { return vec2<f32>(-s, c); }
+        case 2: { return vec2<f32>(-c, -s); }
+        default: { return vec2<f32>(s, -c); }
+    }
+}
+
+fn rope_pair(x: vec2<f32>, pos: u32, pair: u32, step: f32) -> vec2<f32> {
+    let cs = cos_sin(rope_theta(pos, pair, step));
+    return vec2<f32>(x.x * cs.x - x.y * cs.y, x.x * cs.y + x.y * cs.x);
+}
+
+// ── mla_kv_row: cache[pos] = [RMSNorm(c_raw)·norm_w | RoPE(k_pe, pos)] from kv = [c_raw (rank) | k_pe (rope_dim)] ──
+
+struct KvRowParams {
+    pos: u32,
+    rank: u32,
+    rope_dim: u32,
+    eps: f32,
+    rope_step: f32,
+}
+
+@group(0) @binding(0) var<storage, read> kv: array<f32>;
+@group(0) @binding(1) var<storage, read> kv_norm_w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> kv_cache: array<f32>;
+@group(0) @binding(3) var<uniform> kv_params: KvRowParams;
+
+var<workgroup> kv_sum_sq: array<f32, 256>;
+
+fn store_cache(row_start: u32, i: u32, value: f32) {
+    let at = row_start + i;
+    if (i < kv_params.rank + kv_params.rope_dim && at < arrayLength(&kv_cache)) {
+        kv_cache[at] = value;
+    }
+}
+
+// One workgroup.
+@compute @workgroup_size(256)
+fn mla_kv_row(@builtin(local_invocation_index) lid: u32) {
+    let rank = kv_params.rank;
+    var sum_sq = 0.0;
+    for (var i = lid; i < rank; i += 256u) {
+        sum_sq += kv[i] * kv[i];
+    }
+    kv_sum_sq[lid] = sum_sq;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            kv_sum_sq[lid] += kv_sum_sq[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let scale = 1.0 / sqrt(kv_sum_sq[0] / f32(rank) + kv_params.eps);
+    let row_start = kv_params.pos * (rank + kv_params.rope_dim);
+    for (var i = lid; i < rank; i += 256u) {
+        store_cache(row_start, i, (kv[i] * scale) * kv_norm_w[i]);
+    }
+    for (var pair = lid; pair < kv_params.rope_dim / 2u; pair += 256u) {
+        let i = rank + 2u * pair;
+        let rotated = rope_pair(vec2<f32>(kv[i], kv[i + 1u]), kv_params.pos, pair, kv_params.rope_step);
+        store_cache(row_start, i, rotated.x);
+        store_cache(row_start, i + 1u, rotated.y);
+    }
+}
+
+// ── mla_rope_q: q_abs[h·(rank + rope_dim) + rank ..] = RoPE(q_pe_h, pos), q = per head [q_nope | q_pe] ──
+
+struct RopeQParams {
+    pos: u32,
+    n_head: u32,
+    d_nope: u32,
+    rank: u32,
+    rope_dim: u32,
+    rope_step: f32,
+}
+
+@group(0) @binding(0) var<storage, read> rope_q_in: array<f32>;
+@group(0) @binding(1) var<storage, read_write> rope_q_abs: array<f32>;
+@group(0) @binding(2) var<uniform> rope_q_params: RopeQParams;
+
+fn store_q_abs(at: u32, value: f32) {
+    let p = rope_q_params;
+    if (at < p.n_head * (p.rank + p.rope_dim) && at < arrayLength(&rope_q_abs)) {
+        rope_q_abs[at] = value;
+    }
+}
+
+// One invocation per (head, pair).
+@compute @workgroup_size(64)
+fn mla_rope_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let p = rope_q_params;
+    let n_pairs = p.rope_dim / 2u;
+    let index = (wg.x + wg.y * n_wg.x) * 64u + lid;
+    if (index >= p.n_head * n_pairs) { return; }
+    let head = index / n_pairs;
+    let pair = index % n_pairs;
+    let src = head * (p.d_nope + p.rope_dim) + p.d_nope + 2u * pair;
+    let rotated = rope_pair(vec2<f32>(rope_q_in[src], rope_q_in[src + 1u]), p.pos, pair, p.rope_step);
+    let dst = head * (p.rank + p.rope_dim) + p.rank + 2u * pair;
+    store_q_abs(dst, rotated.x);
+    store_q_abs(dst + 1u, rotated.y);
+}
+
+// ── mla_attention: out[h·rank + ρ] = Σ_t softmax_t(q_abs_h·cache_t·scale)·cache_t[ρ], t = 0..=pos ──
+// One workgroup per head. Rows are taken CHUNK at a time with an online (running-max) softmax, so any pos works
+// without a score buffer; each invocation accumulates the output dims ρ ≡ lid (mod 256).
+
+const ATTN_WG: u32 = 256u;
+const ATTN_LANES: u32 = 32u;                     // invocations sharing one row's dot product (coalesced reads)
+const ATTN_ROWS: u32 = ATTN_WG / ATTN_LANES;     // rows in flight
+const ATTN_CHUNK: u32 = 64u;
+const ATTN_DIMS_PER_LANE: u32 = 4u;              // so rank ≤ 1024
+
+struct AttentionParams {
+    pos: u32,
+    n_head: u32,
+    rank: u32,
+    rope_dim: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read> attn_q_abs: array<f32>;
+@group(0) @binding(1) var<storage, read> attn_cache: array<f32>;
+@group(0) @binding(2) var<storage, read_write> attn_out: array<f32>;
+@group(0) @binding(3) var<uniform> attn_params: AttentionParams;
+
+var<workgroup> attn_partial: array<f32, ATTN_WG>;
+var<workgroup> attn_scores: array<f32, ATTN_CHUNK>;
+
+@compute @workgroup_size(256)
+fn mla_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let p = attn_params;
+    let head = wg.x + wg.y * n_wg.x;
+    if (head >= p.n_head) { return; }
+    let width = p.rank + p.rope_dim;
+    let q_start = head * width;
+    let n_rows = p.pos + 1u;
+    let lane = lid % ATTN_LANES;
+    let row_in_flight = lid / ATTN_LANES;
+
+    var running_max = -3.4e38;
+    var running_sum = 0.0;
+    var acc: array<f32, ATTN_DIMS_PER_LANE>;
+    for (var chunk_start = 0u; chunk_start < n_rows; chunk_start += ATTN_CHUNK) {
+        let chunk_len = min(ATTN_CHUNK, n_rows - chunk_start);
+        for (var first = 0u; first < chunk_len; first += ATTN_ROWS) {
+            let row = first + row_in_flight;
+            var dot = 0.0;
+            if (row < chunk_len) {
+                let row_start = (chunk_start + row) * width;
+                for (var d = lane; d < width; d += ATTN_LANES) {
+                    dot += attn_q_abs[q_start + d] * attn_cache[row_start + d];
+                }
+            }
+            attn_partial[lid] = dot;
+            workgroupBarrier();
+            if (lane == 0u && row < chunk_len) {
+                var total = 0.0;
+                for (var i = 0u; i < ATTN_LANES; i++) {
+                    total += attn_partial[lid + i];
+                }
+                attn_scores[row] = total * p.scale;
+            }
+            workgroupBarrier();
+        }
+        var chunk_max = running_max;
+        for (var row = 0u; row < chunk_len; row++) {
+            chunk_max = max(chunk_max, attn_scores[row]);
+        }
+        let rescale = exp(running_max - chunk_max);
+        running_sum *= rescale;
+        for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
+            acc[j] *= rescale;
+        }
+        for (var row = 0u; row < chunk_len; row++) {
+            let weight = exp(attn_scores[row] - chunk_max);
+            running_sum += weight;
+            let row_start = (chunk_start + row) * width;
+            for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
+                let rho = lid + j * ATTN_WG;
+                if (rho < p.rank) {
+                    acc[j] += weight * attn_cache[row_start + rho];
+                }
+            }
+        }
+        running_max = chunk_max;
+        workgroupBarrier(); // the next chunk overwrites attn_scores
+    }
+    for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
+        let rho = lid + j * ATTN_WG;
+        let at = head * p.rank + rho;
+        if (rho < p.rank && at < arrayLength(&attn_out)) {
+            attn_out[at] = acc[j] / running_sum;
+        }
+    }
+}
+
+// ── mla_head_gate: o[h·d_v + a] *= σ(gate_logits[h]) ──
+
+struct HeadGateParams {
+    n_head: u32,
+    d_v: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> gate_o: array<f32>;
+@group(0) @binding(1) var<storage, read> gate_logits: array<f32>;
+@group(0) @binding(2) var<uniform> gate_params: HeadGateParams;
+
+@compute @workgroup_size(256)
+fn mla_head_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.x + wg.y * n_wg.x) * 256u + lid;
+    if (i < gate_params.n_head * gate_params.d_v && i < arrayLength(&gate_o)) {
+        gate_o[i] *= 1.0 / (1.0 + exp(-gate_logits[i / gate_params.d_v]));
+    }
+}

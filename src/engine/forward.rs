@@ -1,0 +1,261 @@
+//! One decode step recorded as GPU dispatches, in llama.cpp's order (bailingmoe3.cpp):
+//!   x = embed(token)
+//!   per layer: h = RMSNorm(x)·attn_norm; x += KDA(h) or MLA(h)
+//!              h = RMSNorm(x)·ffn_norm;  x += dense SwiGLU(h), or routed experts(h) + shared expert(h)
+//!   logits = output · (RMSNorm(x)·output_norm)
+//! Routing stays on the GPU: the router writes the selection, the expert kernels look the selected experts
+//! up in the pool's slot table, so a step needs no readback until its logits.
+
+use super::pool::ExpertPool;
+use super::weights::{GpuTensor, Weights};
+use crate::gpu::matvec::{self, Matrix, Strided};
+use crate::gpu::{dequant, kda, mla, moe, norm, Gpu, Pass};
+use crate::model::{Attention, Config};
+
+/// Per-layer state that outlives a step.
+enum LayerState {
+    Kda { conv: wgpu::Buffer, recurrent: wgpu::Buffer, conv_w: wgpu::Buffer },
+    Mla { cache: wgpu::Buffer },
+}
+
+/// Every GPU buffer a step uses: per-layer states, then scratch vectors reused by every layer.
+pub struct State {
+    layers: Vec<LayerState>,
+    pub vocab: usize,
+    x: wgpu::Buffer,
+    h: wgpu::Buffer,
+    attn_out: wgpu::Buffer,
+    ffn_out: wgpu::Buffer,
+    // KDA
+    qkv_pre: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    fa: wgpu::Buffer,
+    beta_logits: wgpu::Buffer,
+    gb: wgpu::Buffer,
+    z: wgpu::Buffer,
+    o: wgpu::Buffer,
+    o_normed: wgpu::Buffer,
+    // MLA
+    q: wgpu::Buffer,
+    kv: wgpu::Buffer,
+    q_abs: wgpu::Buffer,
+    latent_mix: wgpu::Buffer,
+    heads_out: wgpu::Buffer,
+    gate_logits: wgpu::Buffer,
+    // FFN
+    gu: wgpu::Buffer,
+    act: wgpu::Buffer,
+    router_logits: wgpu::Buffer,
+    /// each MoE layer's router output (kept per layer so its routing margins can be read after a step)
+    pub sel: Vec<Option<wgpu::Buffer>>,
+    experts_out: wgpu::Buffer,
+    shared_gu: wgpu::Buffer,
+    shared_act: wgpu::Buffer,
+    pub logits: wgpu::Buffer,
+    pub argmax: wgpu::Buffer,
+}
+
+fn floats(gpu: &Gpu, label: &str, n: usize) -> wgpu::Buffer {
+    gpu.storage_buffer(label, (n.max(1) * 4) as u64)
+}
+
+impl State {
+    pub fn new(gpu: &Gpu, c: &Config, weights: &Weights, n_ctx: usize) -> Result<State, String> {
+        let (h, d_kda, nh) = (c.hidden, c.kda_dim(), c.n_head);
+        let k_conv = c.conv_kernel;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for (l, kind) in c.attention.iter().enumerate() {
+            layers.push(match kind {
+                Attention::Kda => {
+                    // the q, k and v conv taps side by side, as one 3·D-channel conv
+                    let mut taps = Vec::new();
+                    for which in ["q", "k", "v"] {
+                        let t = weights.get(&format!("blk.{l}.ssm_conv1d_{which}.weight"))?;
+                        if t.dims[0] as usize != k_conv || t.ty != crate::quant::GgmlType::F32 {
+                            return Err(format!("{}: expected F32 conv taps of width {k_conv}", t.name));
+                        }
+                        taps.push(t);
+                    }
+                    let conv_w = floats(gpu, "conv taps", 3 * d_kda * k_conv);
+                    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+                    for (i, t) in taps.iter().enumerate() {
+                        let bytes = (d_kda * k_conv * 4) as u64;
+                        encoder.copy_buffer_to_buffer(t.whole(), 0, &conv_w, i as u64 * bytes, bytes);
+                    }
+                    gpu.queue.submit([encoder.finish()]);
+                    LayerState::Kda {
+                        conv: floats(gpu, "conv state", 3 * d_kda * (k_conv - 1)),
+                        recurrent: floats(gpu, "KDA state", nh * c.kda_head_dim * c.kda_head_dim),
+                        conv_w,
+                    }
+                }
+                Attention::Mla => LayerState::Mla { cache: floats(gpu, "MLA cache", n_ctx * (c.kv_lora_rank + c.rope_dim)) },
+            });
+        }
+        let vocab = weights.get("output.weight").or_else(|_| weights.get("token_embd.weight"))?.n_rows() as usize;
+        let latent = c.kv_lora_rank + c.rope_dim;
+        let k = c.n_expert_used;
+        let ff_max = c.ff_dense.max(c.ff_shared).max(k * c.ff_expert);
+        let state = State {
+            layers,
+            vocab,
+            x: floats(gpu, "x", h),
+            h: floats(gpu, "h", h),
+            attn_out: floats(gpu, "attn out", h),
+            ffn_out: floats(gpu, "ffn out", h),
+            qkv_pre: floats(gpu, "qkv pre-conv", 3 * d_kda),
+            qkv: floats(gpu, "qkv", 3 * d_kda),
+            fa: floats(gpu, "f_a", d_kda),
+            beta_logits: floats(gpu, "beta logits", nh),
+            gb: floats(gpu, "g|beta", d_kda + nh),
+            z: floats(gpu, "z", d_kda),
+            o: floats(gpu, "o", d_kda),
+            o_normed: floats(gpu, "o normed", d_kda),
+            q: floats(gpu, "q", nh * c.key_length_mla),
+            kv: floats(gpu, "kv", latent),
+            q_abs: floats(gpu, "q absorbed", nh * latent),
+            latent_mix: floats(gpu, "latent mix", nh * c.kv_lora_rank),
+            heads_out: floats(gpu, "heads out", nh * c.value_length_mla),
+            gate_logits: floats(gpu, "head gate", nh),
+            gu: floats(gpu, "gate|up", 2 * ff_max),
+            act: floats(gpu, "act", ff_max),
+            router_logits: floats(gpu, "router", c.n_expert),
+            sel: (0..c.n_layer).map(|l| c.is_moe_layer(l).then(|| gpu.storage_buffer("selection", moe::selection_words(k as u32) as u64 * 4))).collect(),
+            experts_out: floats(gpu, "experts out", k * h),
+            shared_gu: floats(gpu, "shared gate|up", 2 * c.ff_shared),
+            shared_act: floats(gpu, "shared act", c.ff_shared),
+            logits: floats(gpu, "logits", vocab),
+            argmax: gpu.storage_buffer("argmax", 8),
+        };
+        state.clear(gpu);
+        Ok(state)
+    }
+
+    /// Zeroes the recurrent and conv states.
+    pub fn clear(&self, gpu: &Gpu) {
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        for layer in &self.layers {
+            if let LayerState::Kda { conv, recurrent, .. } = layer {
+                encoder.clear_buffer(conv, 0, None);
+                encoder.clear_buffer(recurrent, 0, None);
+            }
+        }
+        gpu.queue.submit([encoder.finish()]);
+    }
+}
+
+/// Records and submits the step for `token` at position `pos`; logits land in `state.logits`, the greedy
+/// pick in `state.argmax`.
+pub fn record_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &ExpertPool, s: &State, token: u32, pos: u32) -> Result<(), String> {
+    let mut pass = Pass::new();
+    let p = &mut pass;
+    let hidden = c.hidden as u32;
+    let eps = c.rms_eps;
+
+    let embd = w.get("token_embd.weight")?;
+    let (piece, offset) = embd.row(token as u64);
+    dequant::record(gpu, p, &piece.buffer, embd.ty, offset, hidden, &s.x, 0);
+
+    for l in 0..c.n_layer {
+        let t = |name: &str| w.get(&format!("blk.{l}.{name}"));
+        norm::rms_norm(gpu, p, &s.x, 0, t("attn_norm.weight")?.whole(), &s.h, 0, hidden, eps);
+        match &s.layers[l] {
+            LayerState::Kda { conv, recurrent, conv_w } => kda_layer(gpu, p, c, &t, s, conv, recurrent, conv_w)?,
+            LayerState::Mla { cache } => mla_layer(gpu, p, c, &t, s, cache, pos)?,
+        }
+        moe::add(gpu, p, &s.x, &s.attn_out, hidden);
+
+        norm::rms_norm(gpu, p, &s.x, 0, t("ffn_norm.weight")?.whole(), &s.h, 0, hidden, eps);
+        if c.is_moe_layer(l) {
+            moe_layer(gpu, p, c, &t, s, pool, l)?;
+        } else {
+            let f = c.ff_dense as u32;
+            t("ffn_gate.weight")?.matvec(gpu, p, &s.h, 0, &s.gu, 0);
+            t("ffn_up.weight")?.matvec(gpu, p, &s.h, 0, &s.gu, f);
+            moe::swiglu(gpu, p, &s.gu, &s.act, f, 1, c.clamp_shexp[l]);
+            t("ffn_down.weight")?.matvec(gpu, p, &s.act, 0, &s.ffn_out, 0);
+            moe::add(gpu, p, &s.x, &s.ffn_out, hidden);
+        }
+    }
+    norm::rms_norm(gpu, p, &s.x, 0, w.get("output_norm.weight")?.whole(), &s.h, 0, hidden, eps);
+    w.get("output.weight").or_else(|_| w.get("token_embd.weight"))?.matvec(gpu, p, &s.h, 0, &s.logits, 0);
+    norm::argmax(gpu, p, &s.logits, s.vocab as u32, &s.argmax);
+    pass.submit(gpu);
+    Ok(())
+}
+
+type TensorOf<'a> = dyn Fn(&str) -> Result<&'a GpuTensor, String> + 'a;
+
+#[allow(clippy::too_many_arguments)]
+fn kda_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, conv: &wgpu::Buffer, recurrent: &wgpu::Buffer, conv_w: &wgpu::Buffer) -> Result<(), String> {
+    let (d, nh, hd) = (c.kda_dim() as u32, c.n_head as u32, c.kda_head_dim as u32);
+    t("attn_q.weight")?.matvec(gpu, p, &s.h, 0, &s.qkv_pre, 0);
+    t("attn_k.weight")?.matvec(gpu, p, &s.h, 0, &s.qkv_pre, d);
+    t("attn_v.weight")?.matvec(gpu, p, &s.h, 0, &s.qkv_pre, 2 * d);
+    kda::conv(gpu, p, &s.qkv_pre, conv_w, conv, &s.qkv, 3 * d, c.conv_kernel as u32);
+    t("ssm_f_a.weight")?.matvec(gpu, p, &s.h, 0, &s.fa, 0);
+    t("ssm_beta.weight")?.matvec(gpu, p, &s.h, 0, &s.beta_logits, 0);
+    kda::gates(gpu, p, &s.fa, t("ssm_dt.bias")?.whole(), t("ssm_a")?.whole(), &s.beta_logits, &s.gb, nh, hd, c.gate_lower_bound);
+    kda::delta(gpu, p, &s.qkv, &s.gb, recurrent, &s.o, nh, hd, c.rms_eps);
+    t("ssm_g_a.weight")?.matvec(gpu, p, &s.h, 0, &s.z, 0);
+    kda::head_norm_gate(gpu, p, &s.o, t("ssm_norm.weight")?.whole(), &s.z, &s.o_normed, nh, hd, c.rms_eps);
+    t("attn_output.weight")?.matvec(gpu, p, &s.o_normed, 0, &s.attn_out, 0);
+    Ok(())
+}
+
+fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, cache: &wgpu::Buffer, pos: u32) -> Result<(), String> {
+    let (nh, rank, rope) = (c.n_head as u32, c.kv_lora_rank as u32, c.rope_dim as u32);
+    let (d_qk, d_nope, d_v) = (c.key_length_mla as u32, c.d_nope() as u32, c.value_length_mla as u32);
+    let latent = rank + rope;
+    t("attn_q.weight")?.matvec(gpu, p, &s.h, 0, &s.q, 0);
+    t("attn_kv_a_mqa.weight")?.matvec(gpu, p, &s.h, 0, &s.kv, 0);
+    mla::kv_row(gpu, p, &s.kv, t("attn_kv_a_norm.weight")?.whole(), cache, pos, rank, rope, c.rms_eps, c.rope_freq_base);
+    // absorbed query: q̃_h = W_kb,h · q_nope,h (per head: R rows of d_nope), written into q_abs row h
+    let kb = t("attn_k_b.weight")?;
+    let kb_m = Matrix { ty: kb.ty, rows: rank, cols: d_nope, byte_offset: 0 };
+    let kb_stride = rank as u64 * kb_m.row_bytes() as u64;
+    matvec::batched(gpu, p, kb.whole(), kb_m, kb_stride, &s.q, Strided { offset: 0, stride: d_qk }, &s.q_abs, Strided { offset: 0, stride: latent }, nh);
+    mla::rope_q(gpu, p, &s.q, &s.q_abs, pos, nh, d_nope, rope, rank, c.rope_freq_base);
+    mla::attention(gpu, p, &s.q_abs, cache, &s.latent_mix, pos, nh, rank, rope, d_qk);
+    // o_h = W_vb,h · (latent mix)_h (per head: d_v rows of R)
+    let vb = t("attn_v_b.weight")?;
+    let vb_m = Matrix { ty: vb.ty, rows: d_v, cols: rank, byte_offset: 0 };
+    let vb_stride = d_v as u64 * vb_m.row_bytes() as u64;
+    matvec::batched(gpu, p, vb.whole(), vb_m, vb_stride, &s.latent_mix, Strided { offset: 0, stride: rank }, &s.heads_out, Strided { offset: 0, stride: d_v }, nh);
+    t("attn_gate.weight")?.matvec(gpu, p, &s.h, 0, &s.gate_logits, 0);
+    mla::head_gate(gpu, p, &s.heads_out, &s.gate_logits, nh, d_v);
+    t("attn_output.weight")?.matvec(gpu, p, &s.heads_out, 0, &s.attn_out, 0);
+    Ok(())
+}
+
+fn moe_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, pool: &ExpertPool, l: usize) -> Result<(), String> {
+    let (k, hidden) = (c.n_expert_used as u32, c.hidden as u32);
+    let (f, fs) = (c.ff_expert as u32, c.ff_shared as u32);
+    let sel = s.sel[l].as_ref().expect("MoE layers have a selection buffer");
+    t("ffn_gate_inp.weight")?.matvec(gpu, p, &s.h, 0, &s.router_logits, 0);
+    moe::route(gpu, p, &s.router_logits, t("exp_probs_b.bias")?.whole(), sel, c.n_expert as u32, k, c.n_expert_group as u32, c.n_group_used as u32, c.expert_weights_norm, c.expert_weights_scale);
+    let layout = pool.layouts[l].ok_or_else(|| format!("layer {l} has no expert record layout"))?;
+    let slot_base = l as u32 * pool.n_expert;
+    let same_input = Strided { offset: 0, stride: 0 };
+    for chunk in 0..pool.chunks.len() {
+        let ch = pool.chunk(chunk);
+        match layout.gate_up_fused() {
+            Some(gate_up) => matvec::experts(gpu, p, ch, gate_up, sel, &pool.table, slot_base, k, &s.h, same_input, &s.gu, Strided { offset: 0, stride: 2 * f }),
+            None => {
+                matvec::experts(gpu, p, ch, layout.gate, sel, &pool.table, slot_base, k, &s.h, same_input, &s.gu, Strided { offset: 0, stride: 2 * f });
+                matvec::experts(gpu, p, ch, layout.up, sel, &pool.table, slot_base, k, &s.h, same_input, &s.gu, Strided { offset: f, stride: 2 * f });
+            }
+        }
+    }
+    moe::swiglu(gpu, p, &s.gu, &s.act, f, k, c.clamp_exp[l]);
+    for chunk in 0..pool.chunks.len() {
+        matvec::experts(gpu, p, pool.chunk(chunk), layout.down, sel, &pool.table, slot_base, k, &s.act, Strided { offset: 0, stride: f }, &s.experts_out, Strided { offset: 0, stride: hidden });
+    }
+    // the shared expert
+    t("ffn_gate_shexp.weight")?.matvec(gpu, p, &s.h, 0, &s.shared_gu, 0);
+    t("ffn_up_shexp.weight")?.matvec(gpu, p, &s.h, 0, &s.shared_gu, fs);
+    moe::swiglu(gpu, p, &s.shared_gu, &s.shared_act, fs, 1, c.clamp_shexp[l]);
+    t("ffn_down_shexp.weight")?.matvec(gpu, p, &s.shared_act, 0, &s.ffn_out, 0);
+    moe::accumulate(gpu, p, &s.experts_out, sel, &s.ffn_out, &s.x, hidden, k);
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! KDA (Kimi delta attention) kernels of one decode step (`shaders/kda.wgsl`), in the order a KDA layer runs
+//! them: [`conv`] on the q|k|v projections, [`gates`] (forget gate g and β), [`delta`] (the gated delta rule
+//! on the per-head state, llama.cpp's fused op) and [`head_norm_gate`]. Each wrapper records one dispatch into
+//! a [`Pass`]. All buffers hold f32; "D" below is `n_head · head_dim`.
+
+use super::{Gpu, Pass, P};
+
+const SHADER: &str = include_str!("../../shaders/kda.wgsl");
+/// Invocations per workgroup in `kda.wgsl`; the per-head kernels run one workgroup per head, so this is also
+/// the largest head dimension they take.
+const WORKGROUP: u32 = 256;
+
+/// Catches a buffer too small for the layout the kernel assumes (the kernel would silently skip the writes).
+fn expect_floats(buffer: &wgpu::Buffer, floats: u32, what: &str) {
+    assert!(buffer.size() >= floats as u64 * 4, "KDA {what}: {} bytes, need {floats} f32", buffer.size());
+}
+
+fn expect_head_dim(head_dim: u32) {
+    assert!((1..=WORKGROUP).contains(&head_dim), "KDA head_dim {head_dim} is outside 1..={WORKGROUP}");
+}
+
+/// Causal depthwise conv of one token over `channels` channels, then SiLU (ggml `ssm_conv` + `silu`).
+///
+/// * `x`: `channels` pre-conv inputs (for Ling: the q, k and v projections back to back, 3·D).
+/// * `w`: `kernel_size · channels`, channel c's taps at `w[K·c .. K·c + K]`, oldest first; tap K−1 multiplies
+///   the current input.
+/// * `state`: `(kernel_size − 1) · channels`, channel c's last K−1 inputs at `state[(K−1)·c ..]`, oldest
+///   first (llama.cpp's conv state row); shifted by one and appended with `x[c]`.
+/// * `y`: `channels` outputs, `SiLU(Σ_{i<K−1} w[K·c+i]·state[(K−1)·c+i] + w[K·c+K−1]·x[c])`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, w: &wgpu::Buffer, state: &wgpu::Buffer, y: &wgpu::Buffer, channels: u32, kernel_size: u32) {
+    assert!((2..=8).contains(&kernel_size), "KDA conv kernel size {kernel_size} is outside 2..=8");
+    expect_floats(x, channels, "conv input");
+    expect_floats(w, kernel_size * channels, "conv weights");
+    expect_floats(state, (kernel_size - 1) * channels, "conv state");
+    expect_floats(y, channels, "conv output");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_conv");
+    pass.dispatch(gpu, &kernel, &[x, w, state, y], &[P::U(channels), P::U(kernel_size)], channels.div_ceil(WORKGROUP));
+}
+
+/// The forget gate and β of one token (safe-gate form).
+///
+/// * `fa`: D, the forget-gate projection; `dt_bias`: D; `a`: `n_head` (ssm_a, already exp(A_log));
+///   `beta_logits`: `n_head`.
+/// * `gb`: D + `n_head` outputs: `g[c] = lower_bound · σ(a[c / head_dim] · (fa[c] + dt_bias[c]))` for c < D,
+///   then `β[h] = σ(beta_logits[h])` at `D + h`. `lower_bound` (gate_lower_bound) is negative, so g ∈ (λ, 0).
+#[allow(clippy::too_many_arguments)]
+pub fn gates(
+    gpu: &Gpu,
+    pass: &mut Pass,
+    fa: &wgpu::Buffer,
+    dt_bias: &wgpu::Buffer,
+    a: &wgpu::Buffer,
+    beta_logits: &wgpu::Buffer,
+    gb: &wgpu::Buffer,
+    n_head: u32,
+    head_dim: u32,
+    lower_bound: f32,
+) {
+    let dim = n_head * head_dim;
+    expect_floats(fa, dim, "forget-gate projection");
+    expect_floats(dt_bias, dim, "dt bias");
+    expect_floats(a, n_head, "ssm_a");
+    expect_floats(beta_logits, n_head, "β logits");
+    expect_floats(gb, dim + n_head, "gates output");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_gates");
+    let params = [P::U(n_head), P::U(head_dim), P::F(lower_bound)];
+    pass.dispatch(gpu, &kernel, &[fa, dt_bias, a, beta_logits, gb], &params, dim.div_ceil(WORKGROUP));
+}
+
+/// The gated delta rule for one token, one workgroup per head (ggml's fused `gated_delta_net`, KDA branch).
+///
+/// * `qkv`: 3·D, post-conv `[q | k | v]`, each head-major (head h at `h·head_dim`); q and k are
+///   L2-normalised per head here as `x / max(‖x‖₂, eps)`.
+/// * `gb`: D + `n_head` from [`gates`]: g (per key channel) then β (per head).
+/// * `state`: `n_head · head_dim²`, stored transposed like llama.cpp: `state[h·d·d + j·d + i] = S_h[i][j]`
+///   (i = key index, j = value index); updated in place.
+/// * `o`: D outputs, `o_j = Σ_i S[i][j] q̂_i / √head_dim` after the update.
+///
+/// `head_dim` ≤ 256.
+#[allow(clippy::too_many_arguments)]
+pub fn delta(gpu: &Gpu, pass: &mut Pass, qkv: &wgpu::Buffer, gb: &wgpu::Buffer, state: &wgpu::Buffer, o: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32) {
+    expect_head_dim(head_dim);
+    let dim = n_head * head_dim;
+    expect_floats(qkv, 3 * dim, "q|k|v");
+    expect_floats(gb, dim + n_head, "gates");
+    expect_floats(state, dim * head_dim, "delta state");
+    expect_floats(o, dim, "delta output");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_delta");
+    pass.dispatch(gpu, &kernel, &[qkv, gb, state, o], &[P::U(n_head), P::U(head_dim), P::F(eps)], n_head);
+}
+
+/// Per-head RMSNorm with the output gate: `y[h·d+j] = o_j / √(mean_j o_j² + eps) · norm_w[j] · σ(z[h·d+j])`.
+///
+/// * `o`: D, the [`delta`] output; `norm_w`: `head_dim` (ssm_norm, shared by all heads); `z`: D, the output
+///   gate projection; `y`: D outputs.
+///
+/// `head_dim` ≤ 256.
+#[allow(clippy::too_many_arguments)]
+pub fn head_norm_gate(gpu: &Gpu, pass: &mut Pass, o: &wgpu::Buffer, norm_w: &wgpu::Buffer, z: &wgpu::Buffer, y: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32) {
+    expect_head_dim(head_dim);
+    let dim = n_head * head_dim;
+    expect_floats(o, dim, "attention output");
+    expect_floats(norm_w, head_dim, "ssm_norm");
+    expect_floats(z, dim, "output gate");
+    expect_floats(y, dim, "normed output");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_head_norm_gate");
+    pass.dispatch(gpu, &kernel, &[o, norm_w, z, y], &[P::U(n_head), P::U(head_dim), P::F(eps)], n_head);
+}

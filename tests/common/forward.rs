@@ -1,0 +1,120 @@
+//! The whole step against llama.cpp's f32 twin of the tiny-ling fixture (golden/forward_cases.json): logits at
+//! every position, and the 32-token greedy continuation. Runs natively and in the browser.
+
+use lingtab::engine::Engine;
+use serde_json::Value;
+
+/// The tolerances of the forward-pass issue: per position before the first routing near-tie.
+pub const MAX_ABS: f32 = 2e-3;
+pub const MAX_RMS: f32 = 2e-4;
+/// A routing decision closer than this may legitimately go the other way in f32.
+const ROUTING_NEAR_TIE: f64 = 1e-4;
+/// Top-1/top-2 logit margins below this may legitimately swap.
+const ARGMAX_NEAR_TIE: f32 = 1e-3;
+
+pub struct Case {
+    pub id: String,
+    pub tokens: Vec<u32>,
+    /// llama.cpp's f32-twin logits, one row per position
+    pub logits: Vec<Vec<f32>>,
+    pub greedy: Vec<u32>,
+    pub greedy_margins: Vec<f32>,
+    /// first position whose routing has a near-tie in some layer (positions from here on are not compared)
+    pub first_near_tie: usize,
+}
+
+/// Parses the cases; `read(file)` returns the bytes of a golden file.
+pub fn cases(json: &str, mut read: impl FnMut(&str) -> Vec<u8>) -> Vec<Case> {
+    let doc: Value = serde_json::from_str(json).unwrap();
+    let vocab = doc["n_vocab"].as_u64().unwrap() as usize;
+    doc["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let f = &c["f32"];
+            let bytes = read(f["prefill_logits"]["file"].as_str().unwrap());
+            let values: &[f32] = bytemuck::cast_slice(&bytes);
+            let tokens: Vec<u32> = c["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+            let mut first_near_tie = tokens.len();
+            for layer in f["routing_margins"]["per_layer"].as_object().unwrap().values() {
+                for key in ["group_margin", "expert_margin"] {
+                    if let Some(pos) = layer[key].as_array().unwrap().iter().position(|m| m.as_f64().unwrap() < ROUTING_NEAR_TIE) {
+                        first_near_tie = first_near_tie.min(pos);
+                    }
+                }
+            }
+            Case {
+                id: c["id"].as_str().unwrap().to_string(),
+                logits: values.chunks(vocab).map(|r| r.to_vec()).collect(),
+                greedy: f["greedy"]["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect(),
+                greedy_margins: f["greedy"]["top1_top2_margin"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap() as f32).collect(),
+                tokens,
+                first_near_tie,
+            }
+        })
+        .collect()
+}
+
+fn top2_margin(row: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::MIN, f32::MIN);
+    for &v in row {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
+}
+
+/// Feeds the case token by token and checks every comparable position; returns (max |Δ|, max rms) seen.
+pub async fn check_logits(engine: &mut Engine, case: &Case) -> (f32, f32) {
+    engine.reset();
+    let (mut worst_abs, mut worst_rms) = (0f32, 0f32);
+    for (pos, &token) in case.tokens.iter().enumerate() {
+        let got = engine.step(token).await.unwrap();
+        if pos >= case.first_near_tie {
+            continue;
+        }
+        let want = &case.logits[pos];
+        let max_abs = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let rms = (got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt() as f32;
+        assert!(max_abs <= MAX_ABS && rms <= MAX_RMS, "case {} position {pos}: max |Δlogit| {max_abs:.2e}, rms {rms:.2e}", case.id);
+        if top2_margin(want) > ARGMAX_NEAR_TIE {
+            assert_eq!(argmax(&got), argmax(want), "case {} position {pos}: argmax differs", case.id);
+        }
+        worst_abs = worst_abs.max(max_abs);
+        worst_rms = worst_rms.max(rms);
+    }
+    (worst_abs, worst_rms)
+}
+
+/// The greedy continuation after the prompt, compared up to the first step llama.cpp itself calls a near-tie.
+pub async fn check_greedy(engine: &mut Engine, case: &Case) -> usize {
+    if case.first_near_tie < case.tokens.len() {
+        return 0; // the prompt's own routing may go either way; its continuation is not comparable
+    }
+    engine.reset();
+    let mut next = 0;
+    for &t in &case.tokens {
+        next = engine.step_argmax(t).await.unwrap();
+    }
+    let mut compared = 0;
+    for (step, &want) in case.greedy.iter().enumerate() {
+        if case.greedy_margins[step] < ARGMAX_NEAR_TIE {
+            break;
+        }
+        assert_eq!(next, want, "case {} greedy step {step}", case.id);
+        compared += 1;
+        if step + 1 < case.greedy.len() {
+            next = engine.step_argmax(next).await.unwrap();
+        }
+    }
+    compared
+}

@@ -1,0 +1,162 @@
+//! Matrix-vector products, RMSNorm and argmax against f64 CPU references (weights dequantised by the
+//! CPU reference, which is bit-exact with ggml).
+
+use super::{assert_close, f32_bytes, poisoned, random_blocks, read_f32, Rand};
+use lingtab::gpu::matvec::{self, Matrix, PoolChunk, Strided};
+use lingtab::gpu::{norm, Gpu, Pass};
+use lingtab::quant::{self, GgmlType};
+
+/// `rows` random rows of `cols` values of `ty`, as bytes and as dequantised f64.
+fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rand) -> (Vec<u8>, Vec<f64>) {
+    let bytes = match ty {
+        GgmlType::F32 => f32_bytes(&rng.normals(rows * cols, 0.1)),
+        GgmlType::F16 => rng.normals(rows * cols, 0.1).iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+        _ => random_blocks(ty, rows * cols / ty.block_elems(), rng.next_u64()),
+    };
+    let values = quant::dequantize_to_vec(ty, &bytes).unwrap().iter().map(|&v| v as f64).collect();
+    (bytes, values)
+}
+
+fn reference(w: &[f64], x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+    (0..rows).map(|r| (0..cols).map(|i| w[r * cols + i] * x[i] as f64).sum()).collect()
+}
+
+/// Tolerance for an f32 sum of `cols` products: relative to the sum of |terms|.
+fn check(what: &str, got: &[f32], w: &[f64], x: &[f32], rows: usize, cols: usize) {
+    let want = reference(w, x, rows, cols);
+    let scale: Vec<f64> = (0..rows).map(|r| (0..cols).map(|i| (w[r * cols + i] * x[i] as f64).abs()).sum::<f64>()).collect();
+    for r in 0..rows {
+        let err = (got[r] as f64 - want[r]).abs();
+        assert!(err <= 1e-5 * scale[r] + 1e-6, "{what} row {r}: GPU {} vs reference {} (|Δ| {err:.2e}, Σ|terms| {:.2e})", got[r], want[r], scale[r]);
+    }
+}
+
+pub async fn matvec_every_type_matches_reference(gpu: &Gpu) {
+    let seed = Rand::fresh_seed();
+    let mut rng = Rand::new(seed);
+    for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q5_0, 96), (GgmlType::Q8_0, 160), (GgmlType::F32, 2112), (GgmlType::F16, 64)] {
+        let rows = 37;
+        let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+        // the matrix sits after some other bytes, x and y at offsets, as inside real buffers
+        let lead = 2 * ty.block_bytes().max(4) * 4;
+        let mut buffer_bytes = vec![0x55u8; lead];
+        buffer_bytes.extend_from_slice(&bytes);
+        let w_buf = gpu.upload("w", &buffer_bytes);
+        let x = rng.normals(cols, 1.0);
+        let mut x_padded = vec![7.0f32; 5];
+        x_padded.extend_from_slice(&x);
+        let x_buf = gpu.upload("x", &f32_bytes(&x_padded));
+        let y_buf = poisoned(gpu, "y", rows + 3);
+        let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: lead as u64 };
+        let mut pass = Pass::new();
+        matvec::matvec(gpu, &mut pass, &w_buf, m, &x_buf, 5, &y_buf, 3);
+        pass.submit(gpu);
+        let y = read_f32(gpu, &y_buf, rows + 3).await;
+        assert!(y[..3].iter().all(|v| v.is_nan()), "{ty}: wrote before y_offset");
+        check(&format!("{ty} (seed {seed})"), &y[3..], &w, &x, rows, cols);
+    }
+}
+
+/// Per-head products like MLA's absorbed k_b: matrix b at a byte stride, x and y strided.
+pub async fn batched_matvec_matches_reference(gpu: &Gpu) {
+    let seed = Rand::fresh_seed();
+    let mut rng = Rand::new(seed);
+    let (ty, rows, cols, heads) = (GgmlType::Q5_0, 96, 128, 3);
+    let (bytes, w) = random_matrix(ty, rows * heads, cols, &mut rng);
+    let w_buf = gpu.upload("w", &bytes);
+    let (x_stride, y_stride) = (192u32, 100u32);
+    let x = rng.normals(heads * x_stride as usize, 1.0);
+    let x_buf = gpu.upload("x", &f32_bytes(&x));
+    let y_buf = poisoned(gpu, "y", heads * y_stride as usize);
+    let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
+    let stride = (rows * cols / 32 * 22) as u64;
+    let mut pass = Pass::new();
+    matvec::batched(gpu, &mut pass, &w_buf, m, stride, &x_buf, Strided { offset: 0, stride: x_stride }, &y_buf, Strided { offset: 0, stride: y_stride }, heads as u32);
+    pass.submit(gpu);
+    let y = read_f32(gpu, &y_buf, heads * y_stride as usize).await;
+    for h in 0..heads {
+        let xs = &x[h * x_stride as usize..][..cols];
+        check(&format!("head {h} (seed {seed})"), &y[h * y_stride as usize..][..rows], &w[h * rows * cols..][..rows * cols], xs, rows, cols);
+        assert!(y[h * y_stride as usize + rows..(h + 1) * y_stride as usize].iter().all(|v| v.is_nan()), "head {h}: wrote past its rows");
+    }
+}
+
+/// Experts read from pool slots spread over two pool buffers, selected through `sel` and the slot table.
+pub async fn expert_matvec_reads_selected_slots(gpu: &Gpu) {
+    let seed = Rand::fresh_seed();
+    let mut rng = Rand::new(seed);
+    let (ty, rows, cols) = (GgmlType::Q4_K, 40, 256);
+    let (slots_per_chunk, n_chunks, n_expert) = (3u32, 2u32, 8u32);
+    let part_offset = 144u64 * 3; // the matrix starts inside the record, after other rows
+    let matrix_bytes = (rows * cols / 256 * 144) as u64;
+    let slot_bytes = (part_offset + matrix_bytes).next_multiple_of(256);
+    // pool content: every slot holds a different random matrix
+    let mut chunks = Vec::new();
+    let mut slot_values = Vec::new();
+    for _ in 0..n_chunks {
+        let mut bytes = vec![0u8; (slot_bytes * slots_per_chunk as u64) as usize];
+        for s in 0..slots_per_chunk as usize {
+            let (b, v) = random_matrix(ty, rows, cols, &mut rng);
+            bytes[s * slot_bytes as usize + part_offset as usize..][..b.len()].copy_from_slice(&b);
+            slot_values.push(v);
+        }
+        chunks.push(gpu.upload("pool", &bytes));
+    }
+    // layer 1 of a 2-layer table; experts 5, 2, 7 selected, living in slots 4, 0, 2
+    let mut table = vec![u32::MAX; 2 * n_expert as usize];
+    for (e, s) in [(5usize, 4u32), (2, 0), (7, 2), (1, 5)] {
+        table[n_expert as usize + e] = s;
+    }
+    let sel = [5u32, 2, 7];
+    let k = sel.len();
+    let table_buf = gpu.upload("slots", bytemuck::cast_slice(&table));
+    let sel_buf = gpu.upload("sel", bytemuck::cast_slice(&sel));
+    let x = rng.normals(k * cols, 1.0);
+    let x_buf = gpu.upload("x", &f32_bytes(&x));
+    let y_buf = poisoned(gpu, "y", k * rows);
+    let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: part_offset };
+    let mut pass = Pass::new();
+    for (index, buffer) in chunks.iter().enumerate() {
+        let chunk = PoolChunk { buffer, index: index as u32, slots_per_chunk, slot_bytes };
+        matvec::experts(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, Strided { offset: 0, stride: cols as u32 }, &y_buf, Strided { offset: 0, stride: rows as u32 });
+    }
+    pass.submit(gpu);
+    let y = read_f32(gpu, &y_buf, k * rows).await;
+    for (j, &e) in sel.iter().enumerate() {
+        let slot = table[n_expert as usize + e as usize] as usize;
+        check(&format!("expert {e} in slot {slot} (seed {seed})"), &y[j * rows..][..rows], &slot_values[slot], &x[j * cols..][..cols], rows, cols);
+    }
+}
+
+pub async fn rms_norm_and_argmax_match_reference(gpu: &Gpu) {
+    let seed = Rand::fresh_seed();
+    let mut rng = Rand::new(seed);
+    let n = 300;
+    let x: Vec<f32> = (0..n + 4).map(|_| rng.normal() * 3.0).collect();
+    let w: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * rng.normal()).collect();
+    let eps = 1e-6f32;
+    let (x_buf, w_buf) = (gpu.upload("x", &f32_bytes(&x)), gpu.upload("w", &f32_bytes(&w)));
+    let y_buf = poisoned(gpu, "y", n + 2);
+    let mut pass = Pass::new();
+    norm::rms_norm(gpu, &mut pass, &x_buf, 4, &w_buf, &y_buf, 2, n as u32, eps);
+    pass.submit(gpu);
+    let y = read_f32(gpu, &y_buf, n + 2).await;
+    let xs = &x[4..];
+    let mean_sq = xs.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+    let want: Vec<f64> = xs.iter().zip(&w).map(|(&v, &wi)| v as f64 / (mean_sq + eps as f64).sqrt() * wi as f64).collect();
+    assert_close(&format!("rms_norm (seed {seed})"), &y[2..], &want, 1e-6, 1e-5);
+    assert!(y[0].is_nan() && y[1].is_nan());
+
+    // argmax: a tie between two maxima picks the lower index
+    let mut logits = rng.normals(1001, 2.0);
+    logits[700] = 50.0;
+    logits[333] = 50.0;
+    let l_buf = gpu.upload("logits", &f32_bytes(&logits));
+    let out = gpu.upload("out", &[0xFF; 8]);
+    let mut pass = Pass::new();
+    norm::argmax(gpu, &mut pass, &l_buf, 1001, &out);
+    pass.submit(gpu);
+    let got = gpu.read_back(&out, 8).await.unwrap();
+    assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), 333);
+    assert_eq!(f32::from_le_bytes(got[4..8].try_into().unwrap()), 50.0);
+}
