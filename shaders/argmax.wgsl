@@ -14,7 +14,7 @@ var<workgroup> best_index: array<u32, 256>;
 
 @compute @workgroup_size(256)
 fn argmax(@builtin(local_invocation_index) lid: u32) {
-    var v = -3.4028235e38;
+    var v = bitcast<f32>(0xff7fffffu); // -FLT_MAX (a decimal literal may round past it)
     var idx = 0xffffffffu;
     for (var i = lid; i < p.n; i += WG) {
         // strictly greater keeps the lowest index among equal values within this lane

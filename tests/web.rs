@@ -165,7 +165,8 @@ async fn forward_pass_matches_llama_cpp_in_browser() {
     let mut engine = Engine::load(gpu, &model, &parts, &EngineOptions::default()).await.unwrap();
     let json = String::from_utf8(fetch_bytes(&format!("{base}/golden/forward_cases.json")).await).unwrap();
     let mut files = std::collections::HashMap::new();
-    for case in ["hello", "sentence", "chat"] {
+    // two cases keep SwiftShader's time in check: one token, and 21 tokens through KDA, MLA and MoE layers
+    for case in ["hello", "sentence"] {
         let name = format!("{case}.f32.prefill_logits.f32");
         files.insert(name.clone(), fetch_bytes(&format!("{base}/golden/{name}")).await);
     }
@@ -176,4 +177,24 @@ async fn forward_pass_matches_llama_cpp_in_browser() {
         log(&format!("browser {}: {} positions, max |Δ| {max_abs:.2e}, rms {rms:.2e}; greedy equal for {greedy} steps", case.id, case.tokens.len()));
         assert!(greedy > 0 || case.first_near_tie < case.tokens.len(), "case {}: no greedy step compared", case.id);
     }
+}
+
+#[wasm_bindgen_test]
+async fn matvec_every_type_matches_reference() {
+    common::matvec::matvec_every_type_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn batched_matvec_matches_reference() {
+    common::matvec::batched_matvec_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn expert_matvec_reads_selected_slots() {
+    common::matvec::expert_matvec_reads_selected_slots(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn rms_norm_and_argmax_match_reference() {
+    common::matvec::rms_norm_and_argmax_match_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

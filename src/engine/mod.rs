@@ -95,7 +95,7 @@ impl Engine {
         forward::record_step(&self.gpu, &self.config, &self.weights, &self.pool, &self.state, token, pos)?;
         self.tokens.push(token);
         let bytes = self.gpu.read_back(&self.state.logits, self.state.vocab as u64 * 4).await.map_err(|e| e.0)?;
-        Ok(bytemuck::cast_slice::<u8, f32>(&bytes[..self.state.vocab * 4]).to_vec())
+        Ok(bytemuck::pod_collect_to_vec(&bytes[..self.state.vocab * 4]))
     }
 
     /// Runs `token` and returns only the greedy pick (argmax on the GPU; 8 bytes read back).
@@ -116,7 +116,7 @@ impl Engine {
         for (l, sel) in self.state.sel.iter().enumerate() {
             if let Some(buffer) = sel {
                 let bytes = self.gpu.read_back(buffer, selection_words(k) as u64 * 4).await.map_err(|e| e.0)?;
-                out.push((l, Selection::from_words(bytemuck::cast_slice(&bytes), k)));
+                out.push((l, Selection::from_words(&bytemuck::pod_collect_to_vec::<u8, u32>(&bytes), k)));
             }
         }
         Ok(out)

@@ -36,5 +36,5 @@ pub async fn dequantize(gpu: &Gpu, ty: GgmlType, blocks: &[u8]) -> Result<Vec<f3
     record(gpu, &mut pass, &src, ty, 0, n, &dst, 0);
     pass.submit(gpu);
     let bytes = gpu.read_back(&dst, n as u64 * 4).await?;
-    Ok(bytemuck::cast_slice::<u8, f32>(&bytes[..n as usize * 4]).to_vec())
+    Ok(bytemuck::pod_collect_to_vec(&bytes[..n as usize * 4]))
 }

@@ -110,6 +110,10 @@ impl Gpu {
             })
             .await
             .map_err(|e| GpuError(format!("the adapter refused a device: {e}")))?;
+        #[cfg(target_arch = "wasm32")]
+        device.on_uncaptured_error(std::sync::Arc::new(|e: wgpu::Error| {
+            web_sys::console::error_1(&format!("lingtab: WebGPU error: {e}").into());
+        }));
         let info = adapter.get_info();
         let summary = AdapterSummary {
             name: if info.name.is_empty() { browser_adapter_name().await.unwrap_or_default() } else { info.name },

@@ -34,7 +34,7 @@ pub fn cases(json: &str, mut read: impl FnMut(&str) -> Vec<u8>) -> Vec<Case> {
         .map(|c| {
             let f = &c["f32"];
             let bytes = read(f["prefill_logits"]["file"].as_str().unwrap());
-            let values: &[f32] = bytemuck::cast_slice(&bytes);
+            let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
             let tokens: Vec<u32> = c["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
             let mut first_near_tie = tokens.len();
             for layer in f["routing_margins"]["per_layer"].as_object().unwrap().values() {

@@ -23,7 +23,7 @@ fn check(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64) {
 
 async fn read_u32(gpu: &Gpu, buffer: &wgpu::Buffer, n: usize) -> Vec<u32> {
     let bytes = gpu.read_back(buffer, n as u64 * 4).await.unwrap();
-    bytemuck::cast_slice::<u8, u32>(&bytes[..n * 4]).to_vec()
+    bytemuck::pod_collect_to_vec(&bytes[..n * 4])
 }
 
 fn sigmoid(x: f64) -> f64 {

@@ -76,7 +76,7 @@ pub fn poisoned(gpu: &Gpu, label: &str, n: usize) -> wgpu::Buffer {
 
 pub async fn read_f32(gpu: &Gpu, buffer: &wgpu::Buffer, n: usize) -> Vec<f32> {
     let bytes = gpu.read_back(buffer, n as u64 * 4).await.unwrap();
-    bytemuck::cast_slice::<u8, f32>(&bytes[..n * 4]).to_vec()
+    bytemuck::pod_collect_to_vec(&bytes[..n * 4])
 }
 
 /// Asserts |got − want| ≤ atol + rtol·|want| element-wise (want from an f64 reference), naming the first miss.
