@@ -50,6 +50,7 @@ impl Engine {
     /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
     pub async fn load<S: RangeSource>(gpu: Gpu, model: &SplitModel, parts: &[S], options: &EngineOptions) -> Result<Engine, String> {
         let config = Config::from_header(model.header()).map_err(|e| e.to_string())?;
+        crate::model::layout::check_tensors(&config, model)?;
         let limits = gpu.device.limits();
         let max_binding = options.max_binding.unwrap_or(u64::MAX).min(limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         if max_binding < 4096 {

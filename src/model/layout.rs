@@ -69,3 +69,83 @@ impl Totals {
         self.expert_record_bytes.iter().map(|r| r.1).max().unwrap_or(0)
     }
 }
+
+/// Every tensor the trunk needs, with its ggml dims (trailing 1s dropped), derived from the config alone.
+pub fn expected_tensors(c: &Config) -> Vec<(String, Vec<u64>)> {
+    let u = |x: usize| x as u64;
+    let (h, nh, d, dk) = (u(c.hidden), u(c.n_head), u(c.kda_head_dim), u(c.kda_dim()));
+    let (r, rope, d_qk, d_nope, d_v) = (u(c.kv_lora_rank), u(c.rope_dim), u(c.key_length_mla), u(c.d_nope()), u(c.value_length_mla));
+    let (e, fe, fs, fd, v, k) = (u(c.n_expert), u(c.ff_expert), u(c.ff_shared), u(c.ff_dense), u(c.vocab_size), u(c.conv_kernel));
+    let mut out: Vec<(String, Vec<u64>)> = vec![
+        ("token_embd.weight".into(), vec![h, v]),
+        ("output_norm.weight".into(), vec![h]),
+    ];
+    for (l, attention) in c.attention.iter().enumerate() {
+        let mut layer: Vec<(&str, Vec<u64>)> = vec![("attn_norm.weight", vec![h]), ("ffn_norm.weight", vec![h])];
+        match attention {
+            super::Attention::Kda => layer.extend([
+                ("attn_q.weight", vec![h, dk]),
+                ("attn_k.weight", vec![h, dk]),
+                ("attn_v.weight", vec![h, dk]),
+                ("ssm_conv1d_q.weight", vec![k, 1, dk]),
+                ("ssm_conv1d_k.weight", vec![k, 1, dk]),
+                ("ssm_conv1d_v.weight", vec![k, 1, dk]),
+                ("ssm_f_a.weight", vec![h, dk]),
+                ("ssm_dt.bias", vec![dk]),
+                ("ssm_a", vec![1, nh]),
+                ("ssm_beta.weight", vec![h, nh]),
+                ("ssm_g_a.weight", vec![h, dk]),
+                ("ssm_norm.weight", vec![d]),
+                ("attn_output.weight", vec![dk, h]),
+            ]),
+            super::Attention::Mla => layer.extend([
+                ("attn_q.weight", vec![h, nh * d_qk]),
+                ("attn_kv_a_mqa.weight", vec![h, r + rope]),
+                ("attn_kv_a_norm.weight", vec![r]),
+                ("attn_k_b.weight", vec![d_nope, r, nh]),
+                ("attn_v_b.weight", vec![r, d_v, nh]),
+                ("attn_gate.weight", vec![h, nh]),
+                ("attn_output.weight", vec![nh * d_v, h]),
+            ]),
+        }
+        if c.is_moe_layer(l) {
+            layer.extend([
+                ("ffn_gate_inp.weight", vec![h, e]),
+                ("exp_probs_b.bias", vec![e]),
+                ("ffn_gate_exps.weight", vec![h, fe, e]),
+                ("ffn_up_exps.weight", vec![h, fe, e]),
+                ("ffn_down_exps.weight", vec![fe, h, e]),
+                ("ffn_gate_shexp.weight", vec![h, fs]),
+                ("ffn_up_shexp.weight", vec![h, fs]),
+                ("ffn_down_shexp.weight", vec![fs, h]),
+            ]);
+        } else {
+            layer.extend([("ffn_gate.weight", vec![h, fd]), ("ffn_up.weight", vec![h, fd]), ("ffn_down.weight", vec![fd, h])]);
+        }
+        out.extend(layer.into_iter().map(|(name, dims)| (format!("blk.{l}.{name}"), dims)));
+    }
+    out
+}
+
+/// Checks that the model has every tensor the trunk needs, with the dims the config implies (and the head,
+/// `output.weight`, when present; llama.cpp falls back to the embeddings without it).
+pub fn check_tensors(c: &Config, model: &SplitModel) -> Result<(), String> {
+    let trim = |dims: &[u64]| -> Vec<u64> {
+        let mut d = dims.to_vec();
+        while d.len() > 1 && d.last() == Some(&1) {
+            d.pop();
+        }
+        d
+    };
+    let mut expected = expected_tensors(c);
+    if model.tensor("output.weight").is_some() {
+        expected.push(("output.weight".into(), vec![c.hidden as u64, c.vocab_size as u64]));
+    }
+    for (name, dims) in expected {
+        let t = model.tensor(&name).ok_or_else(|| format!("the model has no tensor {name:?}; it is incomplete or not a Ling 3.0 file"))?;
+        if trim(&t.info.dims) != trim(&dims) {
+            return Err(format!("tensor {name:?} has dims {:?}; the config implies {dims:?}", t.info.dims));
+        }
+    }
+    Ok(())
+}

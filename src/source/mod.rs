@@ -59,3 +59,23 @@ pub async fn open_model<S: RangeSource>(first: &str, open: impl Fn(&str) -> Resu
     }
     SplitModel::new(parts).map_err(|e| format!("{first}: {e}"))
 }
+
+/// Bytes already in memory as a source (a model made on the fly, a file the user picked and read).
+pub struct MemorySource {
+    pub name: String,
+    pub bytes: Vec<u8>,
+}
+
+impl RangeSource for MemorySource {
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+    async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+        let total = self.bytes.len() as u64;
+        if start > total {
+            return Err(format!("{}: offset {start} is past the end ({total} bytes)", self.name));
+        }
+        let end = start.saturating_add(len).min(total);
+        Ok((self.bytes[start as usize..end as usize].to_vec(), total))
+    }
+}

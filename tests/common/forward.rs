@@ -73,12 +73,15 @@ fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best })
 }
 
-/// Feeds the case token by token and checks every comparable position; returns (max |Δ|, max rms) seen.
-pub async fn check_logits(engine: &mut Engine, case: &Case) -> (f32, f32) {
+/// Feeds the case token by token and checks every comparable position; returns (max |Δ|, max rms) seen and
+/// the engine's logits.
+pub async fn check_logits(engine: &mut Engine, case: &Case) -> (f32, f32, Vec<Vec<f32>>) {
     engine.reset();
     let (mut worst_abs, mut worst_rms) = (0f32, 0f32);
+    let mut rows = Vec::with_capacity(case.tokens.len());
     for (pos, &token) in case.tokens.iter().enumerate() {
         let got = engine.step(token).await.unwrap();
+        rows.push(got.clone());
         if pos >= case.first_near_tie {
             continue;
         }
@@ -92,7 +95,7 @@ pub async fn check_logits(engine: &mut Engine, case: &Case) -> (f32, f32) {
         worst_abs = worst_abs.max(max_abs);
         worst_rms = worst_rms.max(rms);
     }
-    (worst_abs, worst_rms)
+    (worst_abs, worst_rms, rows)
 }
 
 /// The greedy continuation after the prompt, compared up to the first step llama.cpp itself calls a near-tie.
