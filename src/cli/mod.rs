@@ -5,6 +5,7 @@ pub mod inspect;
 pub mod make_tiny;
 pub mod run;
 pub mod serve;
+pub mod tokenize;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -69,6 +70,38 @@ enum Command {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Token ids of a text with the model's tokenizer (llama.cpp's, no BOS added), as a JSON array
+    #[command(group = clap::ArgGroup::new("input").required(true).args(["text", "text_file", "batch"]))]
+    Tokenize {
+        /// The GGUF file (for a split model, its first part)
+        #[arg(long)]
+        gguf: PathBuf,
+        /// The text to tokenize
+        #[arg(long)]
+        text: Option<String>,
+        /// A file whose bytes (UTF-8) are the text
+        #[arg(long)]
+        text_file: Option<PathBuf>,
+        /// A file holding one JSON array of strings: prints one line with a JSON array of ids per string
+        #[arg(long)]
+        batch: Option<PathBuf>,
+        /// Treat special-token text (`<role>`, `<|role_end|>`, ...) as plain text; user-defined tokens still match
+        #[arg(long)]
+        no_special: bool,
+    },
+    /// The text of token ids (special tokens as their text): raw bytes to stdout
+    #[command(group = clap::ArgGroup::new("input").required(true).args(["ids", "batch"]))]
+    Detokenize {
+        /// The GGUF file (for a split model, its first part)
+        #[arg(long)]
+        gguf: PathBuf,
+        /// A JSON array of token ids
+        #[arg(long)]
+        ids: Option<String>,
+        /// A file holding a JSON array of id arrays: prints each one's bytes as a line of lowercase hex
+        #[arg(long)]
+        batch: Option<PathBuf>,
+    },
     /// Dequantise raw blocks of a ggml type to little-endian f32 (a reference for tests)
     Dequant {
         #[arg(long = "type")]
@@ -108,6 +141,16 @@ pub fn main() {
         Command::Serve { host, port, mounts } => serve::run(&host, port, mounts),
         Command::Logits { gguf, tokens, out, margins, engine } => run::logits(&gguf, &tokens, &out, margins.as_deref(), &engine.options()),
         Command::Greedy { gguf, tokens, n, engine } => run::greedy(&gguf, &tokens, n, &engine.options()),
+        Command::Tokenize { gguf, text, text_file, batch, no_special } => {
+            let input = match (&text, &text_file, &batch) {
+                (Some(text), _, _) => tokenize::TextInput::Text(text),
+                (_, Some(path), _) => tokenize::TextInput::File(path),
+                (_, _, Some(path)) => tokenize::TextInput::Batch(path),
+                _ => unreachable!("clap requires one input"),
+            };
+            tokenize::tokenize(&gguf, input, !no_special)
+        }
+        Command::Detokenize { gguf, ids, batch } => tokenize::detokenize(&gguf, ids.as_deref(), batch.as_deref()),
         Command::Dequant { ty, input, output } => dequant::run(&ty, &input, &output),
     };
     if let Err(e) = result {

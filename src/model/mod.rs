@@ -1,5 +1,6 @@
 //! What the model is: its config, which tensor plays which role, the tokenizer and its pre-tokenizer.
 
+pub mod chat;
 pub mod config;
 pub mod layout;
 pub mod pretokenize;

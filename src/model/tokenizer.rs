@@ -61,6 +61,14 @@ pub enum TokenizerError {
     /// `token_types` must be empty (every token NORMAL) or cover every token.
     TooFewTokenTypes { tokens: usize, types: usize },
     SpecialOutOfRange { name: &'static str, id: u32, vocab_size: usize },
+    /// `tokenizer.ggml.model` is absent or not `gpt2` (byte-level BPE is the only one implemented).
+    UnsupportedModel(Option<String>),
+    /// `tokenizer.ggml.pre` is absent or names a pre-tokenizer other than BAILINGMOE's.
+    UnsupportedPre(Option<String>),
+    /// A required GGUF key is absent.
+    MissingKey(&'static str),
+    /// A GGUF key has the wrong type (e.g. not an array of strings).
+    BadKey(&'static str),
 }
 
 impl fmt::Display for TokenizerError {
@@ -74,6 +82,19 @@ impl fmt::Display for TokenizerError {
             TokenizerError::SpecialOutOfRange { name, id, vocab_size } => {
                 write!(f, "special token {name} = {id} is outside the vocabulary of {vocab_size} tokens")
             }
+            TokenizerError::UnsupportedModel(None) => write!(f, "the GGUF has no tokenizer.ggml.model (only gpt2 is supported)"),
+            TokenizerError::UnsupportedModel(Some(m)) => {
+                write!(f, "tokenizer.ggml.model is '{m}'; only 'gpt2' (byte-level BPE) is supported")
+            }
+            TokenizerError::UnsupportedPre(None) => {
+                write!(f, "the GGUF has no tokenizer.ggml.pre (only bailingmoe, bailingmoe2 and llada-moe are supported)")
+            }
+            TokenizerError::UnsupportedPre(Some(p)) => write!(
+                f,
+                "tokenizer.ggml.pre is '{p}'; only bailingmoe, bailingmoe2 and llada-moe (BAILINGMOE splitting) are supported"
+            ),
+            TokenizerError::MissingKey(key) => write!(f, "the GGUF has no {key}"),
+            TokenizerError::BadKey(key) => write!(f, "{key} has the wrong type"),
         }
     }
 }
@@ -172,7 +193,79 @@ pub struct Tokenizer {
     piece_ends: Vec<usize>,
 }
 
+/// Token texts llama.cpp takes as the eot token when `tokenizer.ggml.eot_token_id` is absent or bad.
+const EOT_FALLBACK_TEXTS: &[&str] = &[
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
+    "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+];
+
 impl Tokenizer {
+    /// Builds the tokenizer from a GGUF header's `tokenizer.ggml.*` keys, as llama.cpp's `llama_vocab::load`
+    /// does for a `gpt2` model: `tokens` and `merges` are required, `token_type` optional (all NORMAL).
+    /// Special ids: bos and eos default to 11 (disabled when outside the vocabulary); a key inside the
+    /// vocabulary replaces the default, one outside it is ignored. eot and eom default to none, then, when
+    /// still none, to the token with a known end-of-turn text (`<|endoftext|>`, `<|im_end|>`, ...; the
+    /// lowest such id, where llama.cpp takes whichever its hash map yields first) or `<|eom_id|>`.
+    /// `add_bos`/`add_eos` are false unless `tokenizer.ggml.add_{bos,eos}_token` say otherwise.
+    pub fn from_header(h: &crate::gguf::Header) -> Result<Tokenizer, TokenizerError> {
+        use crate::gguf::Value;
+        const MODEL: &str = "tokenizer.ggml.model";
+        const PRE: &str = "tokenizer.ggml.pre";
+        const TOKENS: &str = "tokenizer.ggml.tokens";
+        const TYPES: &str = "tokenizer.ggml.token_type";
+        const MERGES: &str = "tokenizer.ggml.merges";
+
+        match h.get(MODEL) {
+            None => return Err(TokenizerError::UnsupportedModel(None)),
+            Some(v) => match v.as_str() {
+                Some("gpt2") => {}
+                Some(other) => return Err(TokenizerError::UnsupportedModel(Some(other.to_string()))),
+                None => return Err(TokenizerError::BadKey(MODEL)),
+            },
+        }
+        match h.get(PRE).map(|v| v.as_str().ok_or(TokenizerError::BadKey(PRE))).transpose()? {
+            Some("bailingmoe" | "bailingmoe2" | "llada-moe") => {}
+            other => return Err(TokenizerError::UnsupportedPre(other.map(str::to_string))),
+        }
+        let strings = |key: &'static str| -> Result<Vec<String>, TokenizerError> {
+            let items = h.get(key).ok_or(TokenizerError::MissingKey(key))?.as_array().ok_or(TokenizerError::BadKey(key))?;
+            items.iter().map(|v| v.as_str().map(str::to_string).ok_or(TokenizerError::BadKey(key))).collect()
+        };
+        let tokens = strings(TOKENS)?;
+        let merges = strings(MERGES)?;
+        let token_types: Vec<i32> = match h.get(TYPES) {
+            None => Vec::new(),
+            Some(v) => v
+                .as_array()
+                .ok_or(TokenizerError::BadKey(TYPES))?
+                .iter()
+                .map(|t| t.as_int().and_then(|t| i32::try_from(t).ok()).ok_or(TokenizerError::BadKey(TYPES)))
+                .collect::<Result<_, _>>()?,
+        };
+
+        let n = tokens.len();
+        let special = |name: &str, default: Option<u32>| -> Option<u32> {
+            let default = default.filter(|&id| (id as usize) < n);
+            match h.get(&format!("tokenizer.ggml.{name}_token_id")).and_then(Value::as_u64) {
+                Some(id) if (id as usize) < n => Some(id as u32),
+                _ => default,
+            }
+        };
+        let by_text = |texts: &[&str]| -> Option<u32> {
+            tokens.iter().position(|t| texts.contains(&t.as_str())).map(|i| i as u32)
+        };
+        let flag = |name: &str| h.get(&format!("tokenizer.ggml.add_{name}_token")).and_then(Value::as_bool).unwrap_or(false);
+        let specials = SpecialIds {
+            bos: special("bos", Some(11)),
+            eos: special("eos", Some(11)),
+            eot: special("eot", None).or_else(|| by_text(EOT_FALLBACK_TEXTS)),
+            eom: special("eom", None).or_else(|| by_text(&["<|eom_id|>"])),
+            add_bos: flag("bos"),
+            add_eos: flag("eos"),
+        };
+        Tokenizer::new(tokens, token_types, merges, specials)
+    }
+
     /// Builds the tokenizer from `tokenizer.ggml.tokens`, `.token_type` (empty: all NORMAL) and `.merges`.
     pub fn new(
         tokens: Vec<String>,
@@ -589,6 +682,64 @@ mod tests {
         assert_eq!(tok.encode("aa\u{0}😀", true), [1, 1]);
     }
 
+    /// A GGUF header holding `keys` (and no tensors), through the writer and the parser.
+    fn header(keys: Vec<(&str, crate::gguf::Value)>) -> crate::gguf::Header {
+        let mut w = crate::gguf::GgufWriter::new();
+        for (k, v) in keys {
+            w.set(k, v);
+        }
+        let bytes = w.to_parts(1, |_| Vec::new()).unwrap().remove(0);
+        crate::gguf::parse_header(&bytes, Some(bytes.len() as u64)).unwrap()
+    }
+
+    #[test]
+    fn from_header_reads_keys_and_applies_llama_cpp_fallbacks() {
+        use crate::gguf::{Value, ValueType};
+        let strs = |v: &[&str]| Value::Array(ValueType::String, v.iter().map(|s| Value::String(s.to_string())).collect());
+        let tokens: Vec<String> = (0..12).map(|i| format!("t{i}")).chain(["<|endoftext|>".into(), "a".into(), "b".into()]).collect();
+        let token_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+        let base = || {
+            vec![
+                ("tokenizer.ggml.model", Value::String("gpt2".into())),
+                ("tokenizer.ggml.pre", Value::String("bailingmoe2".into())),
+                ("tokenizer.ggml.tokens", strs(&token_refs)),
+                ("tokenizer.ggml.merges", strs(&["a b"])),
+            ]
+        };
+        // No special keys: bos = eos = 11, eot found by text, no types (all NORMAL), flags false.
+        let tok = Tokenizer::from_header(&header(base())).unwrap();
+        assert_eq!(tok.specials(), &SpecialIds { bos: Some(11), eos: Some(11), eot: Some(12), ..SpecialIds::default() });
+        assert_eq!(tok.encode("ab", false), tok.token_id("ab").map_or(vec![13, 14], |id| vec![id]));
+        // Keys win when inside the vocabulary; out-of-range keys keep the default.
+        let mut keys = base();
+        keys.push(("tokenizer.ggml.bos_token_id", Value::U32(3)));
+        keys.push(("tokenizer.ggml.eos_token_id", Value::U32(99)));
+        keys.push(("tokenizer.ggml.eot_token_id", Value::U32(5)));
+        keys.push(("tokenizer.ggml.add_bos_token", Value::Bool(true)));
+        keys.push(("tokenizer.ggml.token_type", Value::Array(ValueType::I32, (0..15).map(|i| Value::I32(if i == 4 { 3 } else { 1 })).collect())));
+        let tok = Tokenizer::from_header(&header(keys)).unwrap();
+        let want = SpecialIds { bos: Some(3), eos: Some(11), eot: Some(5), eom: None, add_bos: true, add_eos: false };
+        assert_eq!(tok.specials(), &want);
+        assert_eq!(tok.token_type(4), Some(TokenType::Control));
+        assert_eq!(tok.encode("t4", true), [4]);
+
+        // Errors: another tokenizer model, another pre-tokenizer, missing merges.
+        let mut keys = base();
+        keys[0].1 = Value::String("llama".into());
+        let err = Tokenizer::from_header(&header(keys)).err().unwrap();
+        assert_eq!(err, TokenizerError::UnsupportedModel(Some("llama".into())));
+        assert!(err.to_string().contains("only 'gpt2'"), "{err}");
+        let mut keys = base();
+        keys.remove(0);
+        assert_eq!(Tokenizer::from_header(&header(keys)).err(), Some(TokenizerError::UnsupportedModel(None)));
+        let mut keys = base();
+        keys[1].1 = Value::String("qwen2".into());
+        assert_eq!(Tokenizer::from_header(&header(keys)).err(), Some(TokenizerError::UnsupportedPre(Some("qwen2".into()))));
+        let mut keys = base();
+        keys.pop();
+        assert_eq!(Tokenizer::from_header(&header(keys)).err(), Some(TokenizerError::MissingKey("tokenizer.ggml.merges")));
+    }
+
     #[test]
     fn long_inputs_stay_fast_and_exact() {
         let tok = toy();
@@ -691,6 +842,30 @@ mod fixture_tests {
             }
         }
         assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    }
+
+    #[test]
+    fn from_header_equals_the_fixture_tokenizer() {
+        let path = fixture_dir().join("tiny-ling-00001-of-00002.gguf");
+        let bytes = std::fs::read(&path).unwrap();
+        let h = crate::gguf::parse_header(&bytes, Some(bytes.len() as u64)).unwrap();
+        let tok = Tokenizer::from_header(&h).unwrap();
+        let reference = fixture_tokenizer();
+        assert_eq!(tok.vocab_size(), reference.vocab_size());
+        assert_eq!(tok.specials().bos, reference.specials().bos);
+        assert_eq!(tok.specials().eos, reference.specials().eos);
+        assert!(!tok.specials().add_bos && !tok.specials().add_eos);
+        for id in 0..tok.vocab_size() as u32 {
+            assert_eq!(tok.token_text(id), reference.token_text(id));
+            assert_eq!(tok.token_type(id), reference.token_type(id), "token {id}");
+            assert_eq!(tok.is_eog(id), reference.is_eog(id), "token {id}");
+        }
+        let golden = read_json("golden/tokenize_cases.json");
+        for case in golden["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            assert_eq!(tok.encode(text, true), ids(&case["llama_parse_special"]));
+            assert_eq!(tok.encode(text, false), ids(&case["llama_no_parse_special"]));
+        }
     }
 
     #[test]
