@@ -1,10 +1,12 @@
 //! lingtab: Ling 3.0 Flash (`bailingmoe3`) on WebGPU, with its routed experts streamed from disk.
 //!
-//! Data flows one way, one module per stage: bytes ([`gguf`], [`quant`]) → what the model is ([`model`]) →
-//! test models ([`tiny`]) → the GPU ([`gpu`]) → JavaScript ([`web`]).
+//! Data flows one way, one module per stage: bytes ([`source`], [`gguf`], [`quant`]) → what the model is
+//! ([`model`]) → the GPU ([`gpu`]) → one forward step ([`engine`]) → JavaScript ([`web`]). [`tiny`] makes
+//! small models of the same architecture for tests and the demo; [`cli`] is the native command line.
 
 pub mod engine;
 pub mod gguf;
+pub mod gpu;
 pub mod model;
 pub mod quant;
 pub mod source;
@@ -16,4 +18,3 @@ pub mod web;
 /// The native command-line tool's subcommands (the `lingtab` binary is a thin shell over these).
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;
-pub mod gpu;

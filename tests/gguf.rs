@@ -153,8 +153,8 @@ fn kv_string(key: &str, declared_len: u64, value: &str) -> Vec<u8> {
 
 #[test]
 fn bad_headers_give_clear_errors() {
-    let good = writer_with_every_value_type().to_parts(1, |_| vec![]).err();
-    assert!(good.is_some(), "wrong data lengths are refused by the writer");
+    let wrong_lengths = writer_with_every_value_type().to_parts(1, |_| vec![]);
+    assert!(wrong_lengths.is_err(), "tensor data of the wrong length is refused by the writer");
 
     assert!(err_of(b"GGML\x03\0\0\0").contains("not a GGUF file"));
     assert!(err_of(&header_bytes(2, 0, 0, &[])).contains("unsupported GGUF version 2"));

@@ -89,7 +89,16 @@ impl State {
                         conv_w,
                     }
                 }
-                Attention::Mla => LayerState::Mla { cache: floats(gpu, "MLA cache", n_ctx * (c.kv_lora_rank + c.rope_dim)) },
+                Attention::Mla => {
+                    let bytes = (n_ctx * (c.kv_lora_rank + c.rope_dim) * 4) as u64;
+                    let limit = gpu.device.limits().max_storage_buffer_binding_size as u64;
+                    if bytes > limit {
+                        return Err(format!(
+                            "an MLA cache of {n_ctx} tokens needs {bytes} bytes, above the adapter's maxStorageBufferBindingSize {limit}: use a shorter context"
+                        ));
+                    }
+                    LayerState::Mla { cache: floats(gpu, "MLA cache", n_ctx * (c.kv_lora_rank + c.rope_dim)) }
+                }
             });
         }
         let vocab = weights.get("output.weight").or_else(|_| weights.get("token_embd.weight"))?.n_rows() as usize;

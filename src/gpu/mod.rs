@@ -71,6 +71,24 @@ async fn browser_adapter_name() -> Option<String> {
     None
 }
 
+/// The least the kernels need beyond WebGPU's defaults-or-better (the workgroup sizes and shared memory of
+/// `shaders/*.wgsl`, the expert kernel's five storage buffers). Buffer sizes are checked where buffers are made.
+fn check_limits(limits: &wgpu::Limits) -> Result<(), GpuError> {
+    let needs = [
+        ("maxStorageBuffersPerShaderStage", limits.max_storage_buffers_per_shader_stage, 5),
+        ("maxComputeInvocationsPerWorkgroup", limits.max_compute_invocations_per_workgroup, 256),
+        ("maxComputeWorkgroupSizeX", limits.max_compute_workgroup_size_x, 256),
+        ("maxComputeWorkgroupStorageSize", limits.max_compute_workgroup_storage_size, 8192),
+        ("maxComputeWorkgroupsPerDimension", limits.max_compute_workgroups_per_dimension, 1024),
+    ];
+    for (name, have, need) in needs {
+        if have < need {
+            return Err(GpuError(format!("the GPU adapter's {name} is {have}; lingtab needs at least {need}")));
+        }
+    }
+    Ok(())
+}
+
 /// An adapter, its device and queue.
 pub struct Gpu {
     pub adapter: wgpu::Adapter,
@@ -101,6 +119,7 @@ impl Gpu {
                 ))
             })?;
         let limits = adapter.limits();
+        check_limits(&limits)?;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("lingtab"),
