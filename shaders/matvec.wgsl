@@ -1,6 +1,7 @@
 // Matrix-vector products over ggml rows read straight from their GGUF bytes: y[r] = Σ_i W[r, i]·x[i].
-// One workgroup per output row; each invocation takes 32-value sub-blocks (one scale each) in turn, and the
-// workgroup sums its partial dots. workgroup_id.z selects a matrix of a batch:
+// Each row gets `lanes` invocations (a power of two ≤ 64, about one per 32-value sub-block, so short rows do not
+// leave most of a workgroup idle); a workgroup of 64 handles 64 / lanes rows. Each invocation takes sub-blocks
+// (one scale each) in turn, and the row's lanes sum their partial dots. workgroup_id.z selects a matrix of a batch:
 //   matvec          batch b: weights at w_offset + b·w_stride, x at x_offset + b·x_stride, y at y_offset + b·y_stride
 //                   (per-head MLA products, or a single product with one batch)
 //   matvec_experts  batch j: the j-th selected expert, sel[j], read from its slot of the expert pool
@@ -23,6 +24,8 @@ struct Params {
     slot_base: u32,
     slots_per_chunk: u32,
     chunk: u32,
+    // invocations per row (power of two ≤ 64)
+    lanes: u32,
 }
 
 const WG: u32 = 64u;
@@ -69,19 +72,28 @@ fn dot32(row: u32, sb: u32, xb: u32) -> f32 {
     return acc;
 }
 
-// The partial dot of this invocation over the row, summed across the workgroup; lane 0 gets the total.
-fn row_dot(row: u32, xb: u32, lid: u32) -> f32 {
+// The first row of this workgroup, and this invocation's row within the batch matrix.
+fn first_row(wg: vec3<u32>, n_wg: vec3<u32>) -> u32 {
+    return (wg.x + wg.y * n_wg.x) * (WG / p.lanes);
+}
+
+// This invocation's share of the dot product of a row (when `valid`), summed over the row's lanes.
+// Every invocation reaches the barriers, valid or not, so control flow stays uniform.
+fn row_dot(row: u32, xb: u32, lid: u32, valid: bool) -> f32 {
+    let lane = lid % p.lanes;
     var acc = 0.0;
-    for (var sb = lid; sb < p.cols / 32u; sb += WG) {
-        acc += dot32(row, sb, xb + sb * 32u);
+    if (valid) {
+        for (var sb = lane; sb < p.cols / 32u; sb += p.lanes) {
+            acc += dot32(row, sb, xb + sb * 32u);
+        }
     }
     partial[lid] = acc;
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { partial[lid] += partial[lid + s]; }
+    for (var s = p.lanes / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) { partial[lid] += partial[lid + s]; }
         workgroupBarrier();
     }
-    return partial[0];
+    return partial[lid - lane];
 }
 
 fn store(i: u32, v: f32) {
@@ -98,9 +110,9 @@ fn store(i: u32, v: f32) {
 @compute @workgroup_size(64)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    let r = wg.x + wg.y * n_wg.x;
-    if (r >= p.rows) { return; }
+    let r = first_row(wg, n_wg) + lid / p.lanes;
+    let valid = r < p.rows;
     let b = wg.z;
-    let total = row_dot(p.w_offset + b * p.w_stride + r * p.row_bytes, p.x_offset + b * p.x_stride, lid);
-    if (lid == 0u) { store(p.y_offset + b * p.y_stride + r, total); }
+    let total = row_dot(p.w_offset + b * p.w_stride + r * p.row_bytes, p.x_offset + b * p.x_stride, lid, valid);
+    if (valid && lid % p.lanes == 0u) { store(p.y_offset + b * p.y_stride + r, total); }
 }

@@ -14,13 +14,14 @@ var<workgroup> selected_slot: u32;
 @compute @workgroup_size(64)
 fn matvec_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
-    let r = wg.x + wg.y * n_wg.x;
+    let r = first_row(wg, n_wg) + lid / p.lanes;
     let j = wg.z;
     if (lid == 0u) { selected_slot = slots[p.slot_base + sel[j]]; }
     // one load for the workgroup, and uniform control flow for the barriers in row_dot
     let slot = workgroupUniformLoad(&selected_slot);
-    if (r >= p.rows || slot / p.slots_per_chunk != p.chunk) { return; }
+    if (slot / p.slots_per_chunk != p.chunk) { return; }
+    let valid = r < p.rows;
     let row = (slot % p.slots_per_chunk) * p.slot_bytes + p.w_offset + r * p.row_bytes;
-    let total = row_dot(row, p.x_offset + j * p.x_stride, lid);
-    if (lid == 0u) { store(p.y_offset + j * p.y_stride + r, total); }
+    let total = row_dot(row, p.x_offset + j * p.x_stride, lid, valid);
+    if (valid && lid % p.lanes == 0u) { store(p.y_offset + j * p.y_stride + r, total); }
 }

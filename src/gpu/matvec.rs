@@ -62,7 +62,7 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let kernel = gpu.kernel("matvec.wgsl", dense_source(), "matvec");
     let params = params(m, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0]);
-    let (gx, gy) = gpu.grid(m.rows);
+    let (gx, gy) = gpu.grid(workgroups(m));
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n));
 }
 
@@ -84,8 +84,17 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wg
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let kernel = gpu.kernel("matvec_experts.wgsl", experts_source(), "matvec_experts");
     let params = params(m, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index]);
-    let (gx, gy) = gpu.grid(m.rows);
+    let (gx, gy) = gpu.grid(workgroups(m));
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, k));
+}
+
+/// Invocations per row: about one per 32-value sub-block, a power of two, at most the workgroup (64).
+fn lanes(m: Matrix) -> u32 {
+    (m.cols / 32).clamp(1, 64).next_power_of_two().min(64)
+}
+
+fn workgroups(m: Matrix) -> u32 {
+    m.rows.div_ceil(64 / lanes(m))
 }
 
 fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Strided, y_at: Strided, experts: [u32; 4]) -> Vec<P> {
@@ -103,5 +112,6 @@ fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Strided, y_at: Strided,
         P::U(y_at.stride),
     ];
     p.extend(experts.iter().map(|&v| P::U(v)));
+    p.push(P::U(lanes(m)));
     p
 }
