@@ -1,10 +1,12 @@
 //! lingtab: Ling 3.0 Flash (`bailingmoe3`) on WebGPU, with its routed experts streamed from disk.
 //!
 //! Data flows one way, one module per stage: bytes ([`source`], [`gguf`], [`quant`]) → what the model is
-//! ([`model`]) → the GPU ([`gpu`]) → one forward step ([`engine`]) → JavaScript ([`web`]). [`tiny`] makes
-//! small models of the same architecture for tests and the demo; [`cli`] is the native command line.
+//! ([`model`]) → the GPU ([`gpu`]) → one forward step ([`engine`]) → text ([`generate`]) → JavaScript
+//! ([`web`]). [`tiny`] makes small models of the same architecture for tests and the demo; [`cli`] is the
+//! native command line.
 
 pub mod engine;
+pub mod generate;
 pub mod gguf;
 pub mod gpu;
 pub mod model;

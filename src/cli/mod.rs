@@ -1,6 +1,7 @@
 //! Native command-line subcommands.
 
 pub mod dequant;
+pub mod generate;
 pub mod inspect;
 pub mod make_tiny;
 pub mod run;
@@ -67,6 +68,20 @@ enum Command {
         /// Tokens to generate
         #[arg(short = 'n', long = "n", default_value_t = 32)]
         n: usize,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Generate a reply to a prompt: the answer streams to stdout, the reasoning to stderr
+    Generate {
+        #[command(flatten)]
+        args: generate::GenerateArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Chat interactively: each line of stdin is a message; /reset starts over; end of input quits
+    Chat {
+        #[command(flatten)]
+        args: generate::ChatArgs,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -141,6 +156,10 @@ pub fn main() {
         Command::Serve { host, port, mounts } => serve::run(&host, port, mounts),
         Command::Logits { gguf, tokens, out, margins, engine } => run::logits(&gguf, &tokens, &out, margins.as_deref(), &engine.options()),
         Command::Greedy { gguf, tokens, n, engine } => run::greedy(&gguf, &tokens, n, &engine.options()),
+        Command::Generate { args, engine } => {
+            generate::generate(&args.gguf, &args.prompt, args.system.as_deref(), args.raw, &args.gen, &engine.options())
+        }
+        Command::Chat { args, engine } => generate::chat(&args.gguf, args.system.as_deref(), &args.gen, &engine.options()),
         Command::Tokenize { gguf, text, text_file, batch, no_special } => {
             let input = match (&text, &text_file, &batch) {
                 (Some(text), _, _) => tokenize::TextInput::Text(text),

@@ -79,3 +79,21 @@ impl RangeSource for MemorySource {
         Ok((self.bytes[start as usize..end as usize].to_vec(), total))
     }
 }
+
+/// A source that reports every read to `on_read(bytes)` (progress bars) and stops when it returns an error
+/// (an abort signal).
+pub struct Tracked<S> {
+    pub inner: S,
+    pub on_read: std::rc::Rc<dyn Fn(u64) -> Result<(), String>>,
+}
+
+impl<S: RangeSource> RangeSource for Tracked<S> {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+        let out = self.inner.read_range(start, len).await?;
+        (self.on_read)(out.0.len() as u64)?;
+        Ok(out)
+    }
+}
