@@ -375,7 +375,7 @@ impl Engine {
                 return Err(js_error(e));
             }
         };
-        let iterator = Iterator {
+        let iterator = GenerationStream {
             inner: Rc::new(RefCell::new(IteratorState { session: Some(session), state: Some(state), signal, started: now_ms(), first_token_at: None, returned: false })),
             home: self.session.clone(),
             stats: self.stats.clone(),
@@ -436,7 +436,7 @@ struct IteratorState {
 
 /// One generation, an async iterator of `GenerateEvent`s (created by `Engine.generate`).
 #[wasm_bindgen]
-pub struct Iterator {
+pub struct GenerationStream {
     inner: Rc<RefCell<IteratorState>>,
     home: Rc<RefCell<Option<Session>>>,
     stats: Rc<RefCell<Stats>>,
@@ -450,7 +450,7 @@ fn done_result(value: JsValue, done: bool) -> JsValue {
 }
 
 #[wasm_bindgen]
-impl Iterator {
+impl GenerationStream {
     /// The next event (`{ value, done }`), as the async-iterator protocol asks.
     pub fn next(&self) -> js_sys::Promise {
         let inner = self.inner.clone();
