@@ -9,9 +9,11 @@ pub mod engine;
 pub mod generate;
 pub mod gguf;
 pub mod gpu;
+pub mod ingest;
 pub mod model;
 pub mod quant;
 pub mod source;
+pub mod store;
 pub mod tiny;
 
 #[cfg(target_arch = "wasm32")]

@@ -2,6 +2,7 @@
 
 pub mod dequant;
 pub mod generate;
+pub mod ingest;
 pub mod inspect;
 pub mod make_tiny;
 pub mod run;
@@ -43,11 +44,17 @@ enum Command {
         #[arg(long = "mount", value_parser = serve::parse_mount, required = true)]
         mounts: Vec<(String, PathBuf)>,
     },
+    /// GGUF parts over HTTP Range into a store folder (resumable, verified)
+    Ingest(ingest::IngestArgs),
     /// Logits of every position, the tokens fed one at a time: little-endian f32, n_tokens × vocab
+    #[command(group = clap::ArgGroup::new("model").required(true).args(["gguf", "store"]))]
     Logits {
         /// First part of the GGUF
         #[arg(long)]
-        gguf: PathBuf,
+        gguf: Option<PathBuf>,
+        /// A complete store (`lingtab ingest`) instead of a GGUF
+        #[arg(long)]
+        store: Option<PathBuf>,
         /// Token ids: a comma list or a file with a JSON array
         #[arg(long)]
         tokens: String,
@@ -60,9 +67,13 @@ enum Command {
         engine: EngineArgs,
     },
     /// The greedy continuation of a token sequence, printed as a JSON array of ids
+    #[command(group = clap::ArgGroup::new("model").required(true).args(["gguf", "store"]))]
     Greedy {
         #[arg(long)]
-        gguf: PathBuf,
+        gguf: Option<PathBuf>,
+        /// A complete store (`lingtab ingest`) instead of a GGUF
+        #[arg(long)]
+        store: Option<PathBuf>,
         #[arg(long)]
         tokens: String,
         /// Tokens to generate
@@ -154,8 +165,11 @@ pub fn main() {
         Command::Inspect { path, json, full } => inspect::run(&path, json, full),
         Command::MakeTiny(args) => make_tiny::run(&args),
         Command::Serve { host, port, mounts } => serve::run(&host, port, mounts),
-        Command::Logits { gguf, tokens, out, margins, engine } => run::logits(&gguf, &tokens, &out, margins.as_deref(), &engine.options()),
-        Command::Greedy { gguf, tokens, n, engine } => run::greedy(&gguf, &tokens, n, &engine.options()),
+        Command::Ingest(args) => ingest::run(&args),
+        Command::Logits { gguf, store, tokens, out, margins, engine } => {
+            run::logits(&run::ModelPath::new(gguf, store), &tokens, &out, margins.as_deref(), &engine.options())
+        }
+        Command::Greedy { gguf, store, tokens, n, engine } => run::greedy(&run::ModelPath::new(gguf, store), &tokens, n, &engine.options()),
         Command::Generate { args, engine } => {
             generate::generate(&args.gguf, &args.prompt, args.system.as_deref(), args.raw, &args.gen, &engine.options())
         }

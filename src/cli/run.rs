@@ -35,12 +35,49 @@ pub fn load_engine(first_part: &Path, options: &EngineOptions) -> Result<Engine,
     })
 }
 
+/// Where a command's model is: a GGUF (first part) or a complete store.
+pub enum ModelPath {
+    Gguf(std::path::PathBuf),
+    Store(std::path::PathBuf),
+}
+
+impl ModelPath {
+    /// From the `--gguf`/`--store` pair (clap requires exactly one).
+    pub fn new(gguf: Option<std::path::PathBuf>, store: Option<std::path::PathBuf>) -> ModelPath {
+        match (gguf, store) {
+            (_, Some(s)) => ModelPath::Store(s),
+            (Some(g), None) => ModelPath::Gguf(g),
+            (None, None) => unreachable!("clap requires --gguf or --store"),
+        }
+    }
+    pub fn load(&self, options: &EngineOptions) -> Result<Engine, String> {
+        match self {
+            ModelPath::Gguf(p) => load_engine(p, options),
+            ModelPath::Store(p) => load_engine_from_store(p, options),
+        }
+    }
+}
+
+/// Loads the engine from a complete store: headers, dense tensors and expert records read from the store's
+/// data file; nothing else is touched.
+pub fn load_engine_from_store(dir: &Path, options: &EngineOptions) -> Result<Engine, String> {
+    if !dir.join(crate::store::MANIFEST_FILE).is_file() {
+        return Err(format!("{}: no store here (no {})", dir.display(), crate::store::MANIFEST_FILE));
+    }
+    let dir = crate::store::FsDir::new(dir)?;
+    pollster::block_on(async {
+        let (model, parts) = crate::store::open_complete(&dir).await?;
+        let gpu = Gpu::new().await.map_err(|e| e.0)?;
+        Engine::load(gpu, &model, &parts, options).await
+    })
+}
+
 /// Writes little-endian f32 logits, one row of `vocab` per input token, fed one token at a time. With
 /// `margins`, also a JSON array with each position's smallest routing margins over the MoE layers
 /// (`{"group": g, "expert": e}`), so a comparison can stop where routing is a near-tie.
-pub fn logits(first_part: &Path, tokens: &str, out: &Path, margins: Option<&Path>, options: &EngineOptions) -> Result<(), String> {
+pub fn logits(model: &ModelPath, tokens: &str, out: &Path, margins: Option<&Path>, options: &EngineOptions) -> Result<(), String> {
     let ids = parse_tokens(tokens)?;
-    let mut engine = load_engine(first_part, options)?;
+    let mut engine = model.load(options)?;
     let file = std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let mut writer = std::io::BufWriter::new(file);
     let mut per_position = Vec::new();
@@ -64,9 +101,9 @@ pub fn logits(first_part: &Path, tokens: &str, out: &Path, margins: Option<&Path
 }
 
 /// Prints the greedy continuation (argmax, lowest id on ties) of `n` tokens as a JSON array.
-pub fn greedy(first_part: &Path, tokens: &str, n: usize, options: &EngineOptions) -> Result<(), String> {
+pub fn greedy(model: &ModelPath, tokens: &str, n: usize, options: &EngineOptions) -> Result<(), String> {
     let ids = parse_tokens(tokens)?;
-    let mut engine = load_engine(first_part, options)?;
+    let mut engine = model.load(options)?;
     let mut out = Vec::with_capacity(n);
     pollster::block_on(async {
         for &id in &ids[..ids.len() - 1] {

@@ -6,11 +6,15 @@
 mod http_web;
 #[cfg(not(target_arch = "wasm32"))]
 mod file;
+#[cfg(not(target_arch = "wasm32"))]
+mod http_native;
 
 #[cfg(target_arch = "wasm32")]
 pub use http_web::HttpSource;
 #[cfg(not(target_arch = "wasm32"))]
 pub use file::FileSource;
+#[cfg(not(target_arch = "wasm32"))]
+pub use http_native::{HttpSource, RemoteIdentity};
 
 use crate::gguf::{parse_header, split_part_names, GgufError, Header, SplitModel};
 

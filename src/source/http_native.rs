@@ -1,0 +1,193 @@
+//! HTTP Range reads natively, through `ureq` (a maintained blocking client). Each request runs on its own
+//! thread and its answer comes back through a channel, so the async [`RangeSource`] contract holds and several
+//! requests can be in flight at once.
+//!
+//! Every answer is checked: 206 with a `Content-Range` naming exactly the bytes asked for and the size known
+//! from the first answer, a body of exactly that length, and the same validator (`X-Linked-Etag`, `ETag`, or
+//! failing both `Last-Modified`) as the first answer (a changed file is refused, never mixed in). Transport errors, 5xx/429 and short bodies are retried; the rest are not.
+
+use super::RangeSource;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the server said about the file on the first answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemoteIdentity {
+    pub size: u64,
+    pub etag: Option<String>,
+    /// A sha256 found in `X-Linked-Etag`/`ETag` (as Hugging Face sends for LFS files).
+    pub sha256: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct HttpSource {
+    url: String,
+    agent: ureq::Agent,
+    identity: Arc<Mutex<Option<RemoteIdentity>>>,
+    pub retries: u32,
+}
+
+enum Failure {
+    Retry(String),
+    Fatal(String),
+}
+
+/// `"abc"`, `W/"abc"` → `abc`.
+fn strip_etag(v: &str) -> String {
+    v.trim().trim_start_matches("W/").trim_matches('"').to_string()
+}
+
+fn as_sha256(etag: &str) -> Option<String> {
+    (etag.len() == 64 && etag.bytes().all(|b| b.is_ascii_hexdigit())).then(|| etag.to_ascii_lowercase())
+}
+
+/// `bytes START-END/TOTAL` → (start, end inclusive, total).
+fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
+    let rest = v.trim().strip_prefix("bytes ")?;
+    let (range, total) = rest.split_once('/')?;
+    let (a, b) = range.split_once('-')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?, total.trim().parse().ok()?))
+}
+
+impl HttpSource {
+    pub fn new(url: &str) -> HttpSource {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(30)))
+            .timeout_recv_body(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        HttpSource { url: url.to_string(), agent, identity: Arc::new(Mutex::new(None)), retries: 4 }
+    }
+
+    pub fn describe_url(&self) -> &str {
+        &self.url
+    }
+
+    /// Pins the identity (from a manifest being resumed): an answer with another size or ETag is refused.
+    pub fn expect(&self, identity: RemoteIdentity) {
+        *self.identity.lock().unwrap() = Some(identity);
+    }
+
+    /// The identity from the first answer (None before any).
+    pub fn identity(&self) -> Option<RemoteIdentity> {
+        self.identity.lock().unwrap().clone()
+    }
+
+    /// Asks for the first byte to learn the size and ETag.
+    pub async fn probe(&self) -> Result<RemoteIdentity, String> {
+        self.fetch_async(0, 1).await?;
+        Ok(self.identity().expect("set by the first answer"))
+    }
+
+    async fn fetch_async(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let me = self.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(me.fetch(start, len));
+        });
+        rx.await.map_err(|_| format!("{}: the request thread died", self.url))?
+    }
+
+    fn fetch_once(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), Failure> {
+        let url = &self.url;
+        let end = start + len - 1;
+        let mut resp = match self.agent.get(url).header("Range", &format!("bytes={start}-{end}")).call() {
+            Ok(r) => r,
+            Err(e) => return Err(Failure::Retry(format!("{url}: {e}"))),
+        };
+        let status = resp.status().as_u16();
+        if status == 429 || status >= 500 {
+            return Err(Failure::Retry(format!("{url}: HTTP {status} for bytes {start}-{end}")));
+        }
+        if status == 200 {
+            return Err(Failure::Fatal(format!("{url}: the server answered 200 (the whole file) to a Range request for bytes {start}-{end}: it does not support Range requests")));
+        }
+        if status == 416 {
+            return Err(Failure::Fatal(format!("{url}: bytes {start}-{end} are past the end of the file (HTTP 416)")));
+        }
+        if status != 206 {
+            return Err(Failure::Fatal(format!("{url}: HTTP {status} for bytes {start}-{end}")));
+        }
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let cr = header("content-range").ok_or_else(|| Failure::Fatal(format!("{url}: a 206 answer without Content-Range")))?;
+        let (a, b, total) = parse_content_range(&cr).ok_or_else(|| Failure::Fatal(format!("{url}: unreadable Content-Range {cr:?}")))?;
+        // the validator: X-Linked-Etag (Hugging Face's LFS sha256), else ETag, else Last-Modified
+        let etag = header("x-linked-etag")
+            .or_else(|| header("etag"))
+            .map(|v| strip_etag(&v))
+            .or_else(|| header("last-modified").map(|v| format!("last-modified: {v}")));
+        {
+            let mut id = self.identity.lock().unwrap();
+            match &*id {
+                None => *id = Some(RemoteIdentity { size: total, sha256: etag.as_deref().and_then(as_sha256), etag: etag.clone() }),
+                Some(known) => {
+                    if known.size != total {
+                        return Err(Failure::Fatal(format!("{url}: the file changed: it was {} bytes, the server now says {total}", known.size)));
+                    }
+                    if known.etag.is_some() && etag != known.etag {
+                        return Err(Failure::Fatal(format!("{url}: the file changed: ETag was {:?}, now {:?}", known.etag.as_deref().unwrap_or(""), etag.as_deref().unwrap_or("none"))));
+                    }
+                }
+            }
+        }
+        let want_end = end.min(total.saturating_sub(1));
+        if a != start || b != want_end {
+            return Err(Failure::Fatal(format!("{url}: asked for bytes {start}-{want_end}, the server sent Content-Range {cr:?}")));
+        }
+        let n = want_end + 1 - start;
+        let mut body = Vec::with_capacity(n as usize);
+        let read = resp.body_mut().as_reader().take(n + 1).read_to_end(&mut body);
+        if let Err(e) = read {
+            return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: the body broke off after {} bytes: {e}", body.len())));
+        }
+        if body.len() as u64 != n {
+            return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: got {} bytes of {n}", body.len())));
+        }
+        Ok((body, total))
+    }
+
+    fn fetch(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+        let mut attempt = 0;
+        loop {
+            match self.fetch_once(start, len) {
+                Ok(v) => return Ok(v),
+                Err(Failure::Fatal(e)) => return Err(e),
+                Err(Failure::Retry(e)) if attempt >= self.retries => return Err(format!("{e} (after {} tries)", attempt + 1)),
+                Err(Failure::Retry(_)) => {
+                    std::thread::sleep(Duration::from_millis(200 << attempt.min(5)));
+                    attempt += 1;
+                }
+            }
+        }
+    }
+}
+
+impl RangeSource for HttpSource {
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+    async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+        if let Some(id) = self.identity() {
+            if start >= id.size || len == 0 {
+                return Ok((Vec::new(), id.size));
+            }
+        }
+        if len == 0 {
+            return Ok((Vec::new(), self.probe().await?.size));
+        }
+        self.fetch_async(start, len).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn content_range() {
+        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0, 9, 100)));
+        assert_eq!(parse_content_range("bytes */100"), None);
+        assert_eq!(as_sha256(&strip_etag("\"24ff06f1ab74546a91f7c07bd725b3015896bbe9dd82ab0e5838be9ed06a6dcf\"")).is_some(), true);
+    }
+}

@@ -1,0 +1,99 @@
+//! The engine's own store: a model's bytes rearranged for streaming — each part's header, the dense tensors,
+//! and one record per (layer, expert) holding that expert's gate, up and down rows — in one data file beside a
+//! manifest. The layout is derived from the GGUF headers alone ([`StoreLayout::from_model`]), so ingest and
+//! load agree. Files are reached through [`StoreDir`]/[`StoreFile`], the one place where platforms differ
+//! (native file system here; OPFS in the browser later).
+
+#[cfg(not(target_arch = "wasm32"))]
+mod fs;
+mod layout;
+mod manifest;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use fs::{FsDir, FsFile};
+pub use layout::{Piece, StoreLayout, StorePartView};
+pub use manifest::{Manifest, PartIdentity, StoreState, FORMAT_VERSION};
+
+/// Name of the data file inside a store.
+pub const DATA_FILE: &str = "data.bin";
+/// Name of the manifest inside a store.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// Name of the ingest journal (finished unit indices, little-endian u32 each).
+pub const JOURNAL_FILE: &str = "journal.bin";
+
+/// A file of a store: positioned reads and writes.
+#[allow(async_fn_in_trait)]
+pub trait StoreFile {
+    /// Reads exactly `buf.len()` bytes at `offset` (an error when the file is shorter).
+    async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String>;
+    async fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), String>;
+    async fn size(&self) -> Result<u64, String>;
+    /// Sets the length (grows with zeros or cuts).
+    async fn set_len(&self, len: u64) -> Result<(), String>;
+    /// Makes every write so far durable.
+    async fn flush(&self) -> Result<(), String>;
+}
+
+/// A folder holding a store's files.
+#[allow(async_fn_in_trait)]
+pub trait StoreDir {
+    type File: StoreFile;
+    fn describe(&self) -> String;
+    /// Opens a file; `create` makes it (empty) when it does not exist. `None` when absent and not created.
+    async fn open(&self, name: &str, create: bool) -> Result<Option<Self::File>, String>;
+    async fn remove(&self, name: &str) -> Result<(), String>;
+    /// Writes a whole small file atomically: a reader sees the old contents or the new, never a mix.
+    async fn write_atomic(&self, name: &str, bytes: &[u8]) -> Result<(), String>;
+    /// Reads a whole small file; `None` when absent.
+    async fn read_all(&self, name: &str) -> Result<Option<Vec<u8>>, String>;
+}
+
+/// Reads a store's manifest; `None` when there is none.
+pub async fn read_manifest<D: StoreDir>(dir: &D) -> Result<Option<Manifest>, String> {
+    match dir.read_all(MANIFEST_FILE).await? {
+        None => Ok(None),
+        Some(bytes) => {
+            let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| format!("{}: bad manifest: {e}", dir.describe()))?;
+            if m.format_version != FORMAT_VERSION {
+                return Err(format!("{}: store format {} (this build reads {FORMAT_VERSION})", dir.describe(), m.format_version));
+            }
+            Ok(Some(m))
+        }
+    }
+}
+
+pub async fn write_manifest<D: StoreDir>(dir: &D, m: &Manifest) -> Result<(), String> {
+    let bytes = serde_json::to_vec_pretty(m).map_err(|e| e.to_string())?;
+    dir.write_atomic(MANIFEST_FILE, &bytes).await
+}
+
+/// Opens a complete store for loading: the model (from the stored headers) and one range source per part that
+/// reads the part's bytes from the store (dense tensors and expert records), never the network.
+pub async fn open_complete<D: StoreDir>(dir: &D) -> Result<(crate::gguf::SplitModel, Vec<StorePartView<D::File>>), String>
+where
+    D::File: Clone,
+{
+    let m = read_manifest(dir).await?.ok_or_else(|| format!("{}: no store here (no {MANIFEST_FILE})", dir.describe()))?;
+    if m.state != StoreState::Complete {
+        return Err(format!("{}: the store is not complete (state {:?}): run `lingtab ingest` again to finish it", dir.describe(), m.state));
+    }
+    let data = dir.open(DATA_FILE, false).await?.ok_or_else(|| format!("{}: {DATA_FILE} is missing", dir.describe()))?;
+    let size = data.size().await?;
+    if size != m.data_len {
+        return Err(format!("{}: {DATA_FILE} is {size} bytes, the manifest says {}", dir.describe(), m.data_len));
+    }
+    let mut headers = Vec::new();
+    for (i, p) in m.parts.iter().enumerate() {
+        let mut buf = vec![0u8; p.header_len as usize];
+        data.read_at(m.header_offsets[i], &mut buf).await?;
+        let h = crate::gguf::parse_header(&buf, Some(p.size)).map_err(|e| format!("{}: stored header of part {}: {e}", dir.describe(), i + 1))?;
+        headers.push((h, p.size));
+    }
+    let model = crate::gguf::SplitModel::new(headers).map_err(|e| format!("{}: {e}", dir.describe()))?;
+    let layout = std::rc::Rc::new(StoreLayout::from_model(&model)?);
+    if layout.data_len != m.data_len {
+        return Err(format!("{}: the layout from the headers ({} bytes) disagrees with the manifest ({})", dir.describe(), layout.data_len, m.data_len));
+    }
+    let views = (0..model.parts.len()).map(|i| StorePartView::new(layout.clone(), i, data.clone(), dir.describe())).collect();
+    Ok((model, views))
+}

@@ -1,0 +1,356 @@
+//! Store and ingest natively: the tiny-ling parts (made by `make-tiny`) served over real HTTP with Range
+//! requests on 127.0.0.1 — `lingtab serve`'s router, and a test server that can misbehave — ingested into a
+//! temporary store, then loaded by the engine.
+#![cfg(not(target_arch = "wasm32"))]
+
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, Response, StatusCode};
+use lingtab::engine::{Engine, EngineOptions};
+use lingtab::gguf::{parse_header, SplitModel};
+use lingtab::gpu::Gpu;
+use lingtab::ingest::{ingest, IngestOptions, PartHint};
+use lingtab::source::{FileSource, HttpSource, RangeSource};
+use lingtab::store::{open_complete, read_manifest, FsDir, StoreState};
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+const NAMES: [&str; 2] = ["tiny-ling-00001-of-00002.gguf", "tiny-ling-00002-of-00002.gguf"];
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-ling")
+}
+
+fn temp_store(tag: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let p = std::env::temp_dir().join(format!("lingtab-store-{}-{tag}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+/// How the test server misbehaves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Good,
+    /// 200 with the whole file to every Range request
+    Full200,
+    /// Content-Range off by one byte (body of the right length)
+    WrongContentRange,
+    /// the body is shorter than the range (every time)
+    ShortBody,
+    /// the ETag changes after this many requests
+    EtagChangesAfter(usize),
+    /// one byte of every answer flipped (ETag still the sha256 of the real file)
+    Corrupt,
+    /// the connection drops mid-body on the first request for each unit
+    Drops,
+}
+
+struct Served {
+    files: Vec<(String, Vec<u8>, String)>,
+    mode: Mutex<Mode>,
+    requests: AtomicUsize,
+    /// bytes sent for requests of 2..=unit bytes (unit fetches; header reads and probes excluded)
+    unit_bytes_sent: AtomicU64,
+    unit: u64,
+    delay_ms: u64,
+    dropped: Mutex<std::collections::HashSet<(String, u64)>>,
+}
+
+async fn handle(State(st): State<Arc<Served>>, UrlPath(name): UrlPath<String>, headers: HeaderMap) -> Response<Body> {
+    let n = st.requests.fetch_add(1, Ordering::SeqCst);
+    if st.delay_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(st.delay_ms)).await;
+    }
+    let Some((_, bytes, sha)) = st.files.iter().find(|f| f.0 == name) else {
+        return Response::builder().status(404).body(Body::empty()).unwrap();
+    };
+    let mode = *st.mode.lock().unwrap();
+    let etag = match mode {
+        Mode::EtagChangesAfter(k) if n >= k => "\"changed\"".to_string(),
+        _ => format!("\"{sha}\""),
+    };
+    let total = bytes.len() as u64;
+    let range = headers.get("range").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("bytes=")).and_then(|v| {
+        let (a, b) = v.split_once('-')?;
+        Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))
+    });
+    let Some((a, b)) = range else {
+        return Response::builder().status(200).header("etag", etag).body(Body::from(bytes.clone())).unwrap();
+    };
+    if mode == Mode::Full200 {
+        return Response::builder().status(200).header("etag", etag).body(Body::from(bytes.clone())).unwrap();
+    }
+    if a >= total {
+        return Response::builder().status(416).header("content-range", format!("bytes */{total}")).body(Body::empty()).unwrap();
+    }
+    let b = b.min(total - 1);
+    let mut body = bytes[a as usize..=b as usize].to_vec();
+    let len = body.len() as u64;
+    if len > 1 && len <= st.unit {
+        st.unit_bytes_sent.fetch_add(len, Ordering::SeqCst);
+    }
+    if mode == Mode::Drops && len > 1 && st.dropped.lock().unwrap().insert((name.clone(), a)) {
+        // half the body, then the connection breaks
+        let half = axum::body::Bytes::from(body[..body.len() / 2].to_vec());
+        let items: Vec<Result<axum::body::Bytes, std::io::Error>> = vec![Ok(half), Err(std::io::Error::other("dropped"))];
+        return Response::builder()
+            .status(StatusCode::PARTIAL_CONTENT)
+            .header("content-range", format!("bytes {a}-{b}/{total}"))
+            .header("content-length", len.to_string())
+            .header("etag", etag)
+            .body(Body::from_stream(futures_util::stream::iter(items)))
+            .unwrap();
+    }
+    let mut cr = format!("bytes {a}-{b}/{total}");
+    match mode {
+        Mode::WrongContentRange => cr = format!("bytes {}-{}/{total}", a + 1, b + 1),
+        Mode::ShortBody if body.len() > 1 => body.truncate(body.len() / 2),
+        Mode::Corrupt if len > 1 => body[len as usize / 2] ^= 0x5a,
+        _ => {}
+    }
+    Response::builder()
+        .status(StatusCode::PARTIAL_CONTENT)
+        .header("content-range", cr)
+        .header("accept-ranges", "bytes")
+        .header("etag", etag)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+/// Starts a server on 127.0.0.1 in a background thread; returns its base URL.
+fn start(router: axum::Router) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, router).await.unwrap();
+        });
+    });
+    format!("http://{}", rx.recv().unwrap())
+}
+
+fn test_server(mode: Mode, unit: u64, delay_ms: u64) -> (String, Arc<Served>) {
+    let files = NAMES
+        .iter()
+        .map(|n| {
+            let bytes = std::fs::read(fixture_dir().join(n)).unwrap();
+            let sha = format!("{:x}", Sha256::digest(&bytes));
+            (n.to_string(), bytes, sha)
+        })
+        .collect();
+    let st = Arc::new(Served { files, mode: Mutex::new(mode), requests: AtomicUsize::new(0), unit_bytes_sent: AtomicU64::new(0), unit, delay_ms, dropped: Default::default() });
+    let router = axum::Router::new().route("/tiny/resolve/main/{name}", axum::routing::get(handle)).with_state(st.clone());
+    (format!("{}/tiny/resolve/main", start(router)), st)
+}
+
+/// `lingtab serve`'s own router over the fixture folder, laid out like Hugging Face's resolve URLs.
+fn serve_fixtures() -> String {
+    let router = lingtab::cli::serve::router(&[("/org/tiny/resolve/main".to_string(), fixture_dir())]);
+    format!("{}/org/tiny/resolve/main", start(router))
+}
+
+/// Ingests the two parts from `base` into `store` the way `lingtab ingest` does (probe, then ingest).
+fn ingest_from(base: &str, store: &std::path::Path, options: &IngestOptions) -> Result<lingtab::store::Manifest, String> {
+    let sources: Vec<HttpSource> = NAMES
+        .iter()
+        .map(|n| {
+            let mut s = HttpSource::new(&format!("{base}/{n}"));
+            s.retries = 1;
+            s
+        })
+        .collect();
+    let dir = FsDir::new(store)?;
+    pollster::block_on(async {
+        let mut hints = Vec::new();
+        for s in &sources {
+            let id = s.probe().await?;
+            hints.push(PartHint { etag: id.etag, size: Some(id.size), sha256: id.sha256 });
+        }
+        ingest(&dir, &sources, &hints, options, &mut |_| {}).await
+    })
+}
+
+fn gguf_engine() -> Engine {
+    let parts: Vec<FileSource> = NAMES.iter().map(|n| FileSource::open(&fixture_dir().join(n)).unwrap()).collect();
+    let headers = NAMES.iter().map(|n| {
+        let bytes = std::fs::read(fixture_dir().join(n)).unwrap();
+        (parse_header(&bytes, Some(bytes.len() as u64)).unwrap(), bytes.len() as u64)
+    });
+    let model = SplitModel::new(headers.collect()).unwrap();
+    pollster::block_on(async { Engine::load(Gpu::new().await.unwrap(), &model, &parts, &EngineOptions::default()).await.unwrap() })
+}
+
+fn store_engine(store: &std::path::Path) -> Engine {
+    let dir = FsDir::new(store).unwrap();
+    pollster::block_on(async {
+        let (model, parts) = open_complete(&dir).await.unwrap();
+        Engine::load(Gpu::new().await.unwrap(), &model, &parts, &EngineOptions::default()).await.unwrap()
+    })
+}
+
+#[test]
+fn ingest_over_http_then_the_store_gives_the_gguf_logits() {
+    let base = serve_fixtures();
+    let store = temp_store("logits");
+    let m = ingest_from(&base, &store, &IngestOptions { unit_bytes: 64 << 10, in_flight: 4 }).unwrap();
+    assert_eq!(m.state, StoreState::Complete);
+    assert!(!store.join("journal.bin").exists());
+    assert_eq!(std::fs::metadata(store.join("data.bin")).unwrap().len(), m.data_len);
+    // the sha256 of each part, computed in file order from the store, is the file's
+    for (p, n) in m.parts.iter().zip(NAMES) {
+        assert_eq!(p.sha256.as_deref().unwrap(), format!("{:x}", Sha256::digest(std::fs::read(fixture_dir().join(n)).unwrap())));
+    }
+    // ingesting again into a complete store does nothing and succeeds
+    ingest_from(&base, &store, &IngestOptions { unit_bytes: 64 << 10, in_flight: 4 }).unwrap();
+    let mut a = gguf_engine();
+    let mut b = store_engine(&store);
+    for t in [2949u32, 3536, 786, 0, 571, 2730] {
+        let x = pollster::block_on(a.step(t)).unwrap();
+        let y = pollster::block_on(b.step(t)).unwrap();
+        assert_eq!(x, y, "logits from the store differ from the GGUF's at token {t}");
+    }
+    std::fs::remove_dir_all(&store).unwrap();
+}
+
+fn assert_not_complete(store: &std::path::Path) {
+    let dir = FsDir::new(store).unwrap();
+    if let Some(m) = pollster::block_on(read_manifest(&dir)).unwrap() {
+        assert_eq!(m.state, StoreState::Ingesting);
+    }
+    assert!(pollster::block_on(open_complete(&dir)).is_err());
+}
+
+#[test]
+fn hostile_servers_give_clear_errors_and_no_complete_store() {
+    let cases: [(Mode, &str); 5] = [
+        (Mode::Full200, "answered 200"),
+        (Mode::WrongContentRange, "Content-Range"),
+        (Mode::ShortBody, "got "),
+        (Mode::EtagChangesAfter(8), "the file changed: ETag"),
+        (Mode::Corrupt, "sha256"),
+    ];
+    for (mode, want) in cases {
+        let (base, _st) = test_server(mode, 1 << 20, 0);
+        let store = temp_store("hostile");
+        let err = ingest_from(&base, &store, &IngestOptions { unit_bytes: 1 << 20, in_flight: 2 }).unwrap_err();
+        eprintln!("{mode:?}: {err}");
+        assert!(err.contains(want), "{mode:?}: the error {err:?} does not mention {want:?}");
+        assert_not_complete(&store);
+        std::fs::remove_dir_all(&store).unwrap();
+    }
+}
+
+#[test]
+fn dropped_connections_are_retried() {
+    let (base, _st) = test_server(Mode::Drops, 1 << 20, 0);
+    let store = temp_store("drops");
+    let m = ingest_from(&base, &store, &IngestOptions { unit_bytes: 1 << 20, in_flight: 2 }).unwrap();
+    assert_eq!(m.state, StoreState::Complete);
+    std::fs::remove_dir_all(&store).unwrap();
+}
+
+#[test]
+fn a_part_of_the_wrong_size_is_refused() {
+    let (base, _st) = test_server(Mode::Good, 1 << 20, 0);
+    let store = temp_store("size");
+    let sources: Vec<HttpSource> = NAMES.iter().map(|n| HttpSource::new(&format!("{base}/{n}"))).collect();
+    let real = std::fs::metadata(fixture_dir().join(NAMES[1])).unwrap().len();
+    let hints = vec![PartHint::default(), PartHint { size: Some(real + 1), ..Default::default() }];
+    let dir = FsDir::new(&store).unwrap();
+    let err = pollster::block_on(ingest(&dir, &sources, &hints, &IngestOptions::default(), &mut |_| {})).unwrap_err();
+    assert!(err.contains(&format!("expected {}", real + 1)), "{err}");
+    assert_not_complete(&store);
+    std::fs::remove_dir_all(&store).unwrap();
+}
+
+#[test]
+fn a_changed_source_is_refused_on_resume() {
+    let (base, st) = test_server(Mode::Good, 4096, 0);
+    let store = temp_store("changed");
+    // a first run that the server breaks half-way (ETag changes) leaves an ingesting store
+    *st.mode.lock().unwrap() = Mode::EtagChangesAfter(10);
+    assert!(ingest_from(&base, &store, &IngestOptions { unit_bytes: 4096, in_flight: 1 }).is_err());
+    // the server now serves the "new" file from the start: the store from the old one is refused
+    *st.mode.lock().unwrap() = Mode::EtagChangesAfter(0);
+    let err = ingest_from(&base, &store, &IngestOptions { unit_bytes: 4096, in_flight: 1 }).unwrap_err();
+    assert!(err.contains("another source"), "{err}");
+    assert_not_complete(&store);
+    std::fs::remove_dir_all(&store).unwrap();
+}
+
+#[test]
+fn killed_ingests_resume_to_a_byte_identical_store_with_bounded_refetch() {
+    let unit = 256u64 << 10;
+    let in_flight = 2u64;
+    let exe = env!("CARGO_BIN_EXE_lingtab");
+    let (base, st) = test_server(Mode::Good, unit, 5);
+    let run = |store: &std::path::Path| {
+        std::process::Command::new(exe)
+            .args(["ingest", "--quiet", "--url", &format!("{base}/{}", NAMES[0])])
+            .args(["--store", store.to_str().unwrap(), "--unit-bytes", &unit.to_string(), "--in-flight", &in_flight.to_string()])
+            .spawn()
+            .unwrap()
+    };
+    // reference: one uninterrupted run
+    let reference = temp_store("kill-ref");
+    let began = std::time::Instant::now();
+    assert!(run(&reference).wait().unwrap().success());
+    let run_ms = began.elapsed().as_millis() as u64;
+    let total: u64 = NAMES.iter().map(|n| std::fs::metadata(fixture_dir().join(n)).unwrap().len()).sum();
+    let clean_sent = st.unit_bytes_sent.swap(0, Ordering::SeqCst);
+    assert_eq!(clean_sent, total);
+
+    let store = temp_store("kill");
+    let mut seed = 0x9e3779b97f4a7c15u64 ^ std::process::id() as u64;
+    let mut kills = 0u64;
+    for _ in 0..10 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        // anywhere in a run's length: before the headers, mid-fetch, in the verify pass
+        let wait_ms = seed % (run_ms / 4).max(1);
+        let mut child = run(&store);
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            kills += 1;
+        }
+        child.wait().unwrap();
+    }
+    assert!(run(&store).wait().unwrap().success());
+    assert!(kills >= 3, "only {kills} runs were killed before finishing");
+    let sent = st.unit_bytes_sent.load(Ordering::SeqCst);
+    eprintln!("{kills} kills (runs of {run_ms} ms); unit bytes fetched {sent} for {total} bytes of GGUF");
+    assert!(sent <= total + kills * in_flight * unit, "fetched {sent} bytes; allowed {total} + {kills} × {in_flight} × {unit}");
+    for f in ["data.bin", "manifest.json"] {
+        assert!(std::fs::read(reference.join(f)).unwrap() == std::fs::read(store.join(f)).unwrap(), "{f} differs from the uninterrupted store's");
+    }
+    std::fs::remove_dir_all(&store).unwrap();
+    std::fs::remove_dir_all(&reference).unwrap();
+}
+
+#[test]
+fn the_store_part_view_reads_what_the_file_holds() {
+    // every stored (non-tail) byte read through the view equals the GGUF's
+    let base = serve_fixtures();
+    let store = temp_store("view");
+    ingest_from(&base, &store, &IngestOptions { unit_bytes: 100_003, in_flight: 3 }).unwrap();
+    let dir = FsDir::new(&store).unwrap();
+    let (model, views) = pollster::block_on(open_complete(&dir)).unwrap();
+    let config = lingtab::model::Config::from_header(model.header()).unwrap();
+    for t in &model.tensors {
+        if matches!(lingtab::model::layout::role(&config, &t.info.name), lingtab::model::layout::Role::Mtp { .. }) {
+            continue;
+        }
+        let file = std::fs::read(fixture_dir().join(NAMES[t.part])).unwrap();
+        let want = &file[t.file_offset as usize..(t.file_offset + t.info.n_bytes()) as usize];
+        let (got, _) = pollster::block_on(views[t.part].read_range(t.file_offset, t.info.n_bytes())).unwrap();
+        assert!(got == want, "{}", t.info.name);
+    }
+    std::fs::remove_dir_all(&store).unwrap();
+}
