@@ -8,23 +8,13 @@ use common::forward::{self, Case};
 use lingtab::engine::{Engine, EngineOptions};
 use lingtab::gguf::{parse_header, GgufWriter, SplitModel, Value};
 use lingtab::gpu::Gpu;
-use lingtab::source::{FileSource, MemorySource};
+use lingtab::source::MemorySource;
 use lingtab::tiny::{TinyModel, TinyOptions};
-use std::path::PathBuf;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-ling").join(name)
-}
+use common::fixture::path as fixture;
 
 fn engine(options: &EngineOptions) -> Engine {
-    let names = ["tiny-ling-00001-of-00002.gguf", "tiny-ling-00002-of-00002.gguf"];
-    let parts: Vec<FileSource> = names.iter().map(|n| FileSource::open(&fixture(n)).unwrap()).collect();
-    let headers = names.iter().map(|n| {
-        let bytes = std::fs::read(fixture(n)).unwrap();
-        (parse_header(&bytes, Some(bytes.len() as u64)).unwrap(), bytes.len() as u64)
-    });
-    let model = SplitModel::new(headers.collect()).unwrap();
-    pollster::block_on(async { Engine::load(Gpu::new().await.unwrap(), &model, &parts, options).await.unwrap() })
+    common::fixture::engine(&common::fixture::model(), options)
 }
 
 fn cases() -> Vec<Case> {

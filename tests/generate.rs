@@ -2,33 +2,20 @@
 //! seeded sampling is reproducible, abort, multi-turn continuation from the engine's states, context limits.
 #![cfg(not(target_arch = "wasm32"))]
 
-use lingtab::engine::{Engine, EngineOptions};
+mod common;
+
+use lingtab::engine::EngineOptions;
 use lingtab::generate::{Event, FinishReason, GenerateOptions, Generation, SamplingOptions, Session};
-use lingtab::gguf::{parse_header, SplitModel};
-use lingtab::gpu::Gpu;
 use lingtab::model::chat::Message;
 use lingtab::model::tokenizer::Tokenizer;
-use lingtab::source::FileSource;
-use std::path::PathBuf;
 
 const PROMPT: [u32; 6] = [2949, 3536, 786, 0, 571, 2730];
 const N_CTX: usize = 64;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-ling").join(name)
-}
-
 fn session() -> Session {
-    let names = ["tiny-ling-00001-of-00002.gguf", "tiny-ling-00002-of-00002.gguf"];
-    let parts: Vec<FileSource> = names.iter().map(|n| FileSource::open(&fixture(n)).unwrap()).collect();
-    let headers = names.iter().map(|n| {
-        let bytes = std::fs::read(fixture(n)).unwrap();
-        (parse_header(&bytes, Some(bytes.len() as u64)).unwrap(), bytes.len() as u64)
-    });
-    let model = SplitModel::new(headers.collect()).unwrap();
+    let model = common::fixture::model();
     let tokenizer = Tokenizer::from_header(model.header()).unwrap();
-    let options = EngineOptions { n_ctx: Some(N_CTX), ..Default::default() };
-    let engine = pollster::block_on(async { Engine::load(Gpu::new().await.unwrap(), &model, &parts, &options).await.unwrap() });
+    let engine = common::fixture::engine(&model, &EngineOptions { n_ctx: Some(N_CTX), ..Default::default() });
     Session::new(engine, tokenizer)
 }
 

@@ -47,14 +47,9 @@ enum Command {
     /// GGUF parts over HTTP Range into a store folder (resumable, verified)
     Ingest(ingest::IngestArgs),
     /// Logits of every position, the tokens fed one at a time: little-endian f32, n_tokens × vocab
-    #[command(group = clap::ArgGroup::new("model").required(true).args(["gguf", "store"]))]
     Logits {
-        /// First part of the GGUF
-        #[arg(long)]
-        gguf: Option<PathBuf>,
-        /// A complete store (`lingtab ingest`) instead of a GGUF
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
         /// Token ids: a comma list or a file with a JSON array
         #[arg(long)]
         tokens: String,
@@ -67,13 +62,9 @@ enum Command {
         engine: EngineArgs,
     },
     /// The greedy continuation of a token sequence, printed as a JSON array of ids
-    #[command(group = clap::ArgGroup::new("model").required(true).args(["gguf", "store"]))]
     Greedy {
-        #[arg(long)]
-        gguf: Option<PathBuf>,
-        /// A complete store (`lingtab ingest`) instead of a GGUF
-        #[arg(long)]
-        store: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
         #[arg(long)]
         tokens: String,
         /// Tokens to generate
@@ -139,6 +130,28 @@ enum Command {
     },
 }
 
+/// The model a command runs: a GGUF or a complete store, exactly one.
+#[derive(clap::Args, Debug)]
+#[group(required = true, multiple = false)]
+struct ModelArgs {
+    /// First part of the GGUF
+    #[arg(long)]
+    gguf: Option<PathBuf>,
+    /// A complete store (`lingtab ingest`) instead of a GGUF
+    #[arg(long)]
+    store: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    fn path(self) -> run::ModelPath {
+        match (self.gguf, self.store) {
+            (_, Some(store)) => run::ModelPath::Store(store),
+            (Some(gguf), None) => run::ModelPath::Gguf(gguf),
+            (None, None) => unreachable!("clap requires --gguf or --store"),
+        }
+    }
+}
+
 /// Engine options shared by the commands that run the model.
 #[derive(clap::Args, Debug)]
 struct EngineArgs {
@@ -166,10 +179,10 @@ pub fn main() {
         Command::MakeTiny(args) => make_tiny::run(&args),
         Command::Serve { host, port, mounts } => serve::run(&host, port, mounts),
         Command::Ingest(args) => ingest::run(&args),
-        Command::Logits { gguf, store, tokens, out, margins, engine } => {
-            run::logits(&run::ModelPath::new(gguf, store), &tokens, &out, margins.as_deref(), &engine.options())
+        Command::Logits { model, tokens, out, margins, engine } => {
+            run::logits(&model.path(), &tokens, &out, margins.as_deref(), &engine.options())
         }
-        Command::Greedy { gguf, store, tokens, n, engine } => run::greedy(&run::ModelPath::new(gguf, store), &tokens, n, &engine.options()),
+        Command::Greedy { model, tokens, n, engine } => run::greedy(&model.path(), &tokens, n, &engine.options()),
         Command::Generate { args, engine } => {
             generate::generate(&args.gguf, &args.prompt, args.system.as_deref(), args.raw, &args.gen, &engine.options())
         }

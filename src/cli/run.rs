@@ -42,14 +42,6 @@ pub enum ModelPath {
 }
 
 impl ModelPath {
-    /// From the `--gguf`/`--store` pair (clap requires exactly one).
-    pub fn new(gguf: Option<std::path::PathBuf>, store: Option<std::path::PathBuf>) -> ModelPath {
-        match (gguf, store) {
-            (_, Some(s)) => ModelPath::Store(s),
-            (Some(g), None) => ModelPath::Gguf(g),
-            (None, None) => unreachable!("clap requires --gguf or --store"),
-        }
-    }
     pub fn load(&self, options: &EngineOptions) -> Result<Engine, String> {
         match self {
             ModelPath::Gguf(p) => load_engine(p, options),

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod dequant;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod fixture;
 pub mod forward;
 pub mod kda;
 pub mod matvec;
