@@ -5,6 +5,7 @@
 //! ([`web`]). [`tiny`] makes small models of the same architecture for tests and the demo; [`cli`] is the
 //! native command line.
 
+pub mod clock;
 pub mod engine;
 pub mod generate;
 pub mod gguf;
@@ -18,6 +19,10 @@ pub mod tiny;
 
 #[cfg(target_arch = "wasm32")]
 pub mod web;
+
+/// Browser helpers shared by the wasm32 sources and store.
+#[cfg(target_arch = "wasm32")]
+pub(crate) mod js;
 
 /// The native command-line tool's subcommands (the `lingtab` binary is a thin shell over these).
 #[cfg(not(target_arch = "wasm32"))]

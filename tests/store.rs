@@ -283,6 +283,25 @@ fn a_changed_source_is_refused_on_resume() {
     std::fs::remove_dir_all(&store).unwrap();
 }
 
+fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+/// Units journaled so far in a store (4 bytes each; a torn last entry does not count).
+fn journaled(store: &std::path::Path) -> u64 {
+    std::fs::metadata(store.join("journal.bin")).map(|m| m.len() / 4).unwrap_or(0)
+}
+
+/// The files in a store folder, sorted.
+fn files_in(store: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(store).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn killed_ingests_resume_to_a_byte_identical_store_with_bounded_refetch() {
     let unit = 256u64 << 10;
@@ -301,32 +320,143 @@ fn killed_ingests_resume_to_a_byte_identical_store_with_bounded_refetch() {
     let began = std::time::Instant::now();
     assert!(run(&reference).wait().unwrap().success());
     let run_ms = began.elapsed().as_millis() as u64;
-    let total: u64 = NAMES.iter().map(|n| std::fs::metadata(fixture_dir().join(n)).unwrap().len()).sum();
+    let sizes: Vec<u64> = NAMES.iter().map(|n| std::fs::metadata(fixture_dir().join(n)).unwrap().len()).collect();
+    let total: u64 = sizes.iter().sum();
+    let n_units: u64 = sizes.iter().map(|s| s.div_ceil(unit)).sum();
     let clean_sent = st.unit_bytes_sent.swap(0, Ordering::SeqCst);
     assert_eq!(clean_sent, total);
 
+    // Kills at points spread over the whole ingest: most runs when the journal reaches the next of a sorted
+    // list of random unit counts (then a random few ms more, to land mid-unit as well as between units),
+    // every fourth at a random early time (start-up, headers, the first units). The finishing steps have
+    // their own test below (a kill there is too brief a target to hit at random).
     let store = temp_store("kill");
     let mut seed = 0x9e3779b97f4a7c15u64 ^ std::process::id() as u64;
-    let mut kills = 0u64;
-    for _ in 0..10 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        // anywhere in a run's length: before the headers, mid-fetch, in the verify pass
-        let wait_ms = seed % (run_ms / 4).max(1);
+    let mut targets: Vec<u64> = (0..9).map(|_| 1 + xorshift(&mut seed) % (n_units - 2)).collect();
+    targets.sort_unstable();
+    let mut targets = targets.into_iter();
+    let (mut kills, mut mid_fetch) = (0u64, 0u64);
+    for round in 0..12 {
         let mut child = run(&store);
-        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        match (round % 4, targets.next()) {
+            (1..=3, Some(target)) => {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_millis(run_ms * 4);
+                while journaled(&store) < target && child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(xorshift(&mut seed) % 15));
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(xorshift(&mut seed) % 200)),
+        }
         if child.try_wait().unwrap().is_none() {
             child.kill().unwrap();
             kills += 1;
+            let at = journaled(&store);
+            if at > 0 && at < n_units {
+                mid_fetch += 1;
+            }
         }
         child.wait().unwrap();
     }
     assert!(run(&store).wait().unwrap().success());
-    assert!(kills >= 3, "only {kills} runs were killed before finishing");
     let sent = st.unit_bytes_sent.load(Ordering::SeqCst);
-    eprintln!("{kills} kills (runs of {run_ms} ms); unit bytes fetched {sent} for {total} bytes of GGUF");
+    eprintln!("{kills} kills, {mid_fetch} mid-fetch (runs of {run_ms} ms, {n_units} units); unit bytes fetched {sent} for {total} bytes of GGUF");
+    assert!(mid_fetch >= 6, "only {mid_fetch} of {kills} kills landed mid-fetch");
+    // at most the units in flight are lost per interruption (requests answered but not yet journaled)
     assert!(sent <= total + kills * in_flight * unit, "fetched {sent} bytes; allowed {total} + {kills} × {in_flight} × {unit}");
+    for f in ["data.bin", "manifest.json"] {
+        assert!(std::fs::read(reference.join(f)).unwrap() == std::fs::read(store.join(f)).unwrap(), "{f} differs from the uninterrupted store's");
+    }
+    assert_eq!(files_in(&store), ["data.bin", "manifest.json"], "a complete store holds only its data and manifest");
+    std::fs::remove_dir_all(&store).unwrap();
+    std::fs::remove_dir_all(&reference).unwrap();
+}
+
+/// A store in the state a kill leaves at the very end of an ingest — every unit journaled, the running hash
+/// not saved, the manifest not yet marked complete — made by hand from the GGUF files and the layout.
+fn store_with_every_unit_in(reference: &std::path::Path, unit: u64, tag: &str) -> PathBuf {
+    let store = temp_store(tag);
+    std::fs::create_dir_all(&store).unwrap();
+    std::fs::copy(reference.join("data.bin"), store.join("data.bin")).unwrap();
+    let mut m: lingtab::store::Manifest = serde_json::from_slice(&std::fs::read(reference.join("manifest.json")).unwrap()).unwrap();
+    m.state = StoreState::Ingesting;
+    std::fs::write(store.join("manifest.json"), serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let files: Vec<Vec<u8>> = NAMES.iter().map(|n| std::fs::read(fixture_dir().join(n)).unwrap()).collect();
+    let headers = files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect();
+    let layout = lingtab::store::StoreLayout::from_model(&SplitModel::new(headers).unwrap()).unwrap();
+    let mut tail = vec![0u8; (layout.ingest_len - layout.data_len) as usize];
+    for p in layout.pieces.iter().filter(|p| p.store_offset >= layout.data_len) {
+        let at = (p.store_offset - layout.data_len) as usize;
+        tail[at..at + p.len as usize].copy_from_slice(&files[p.part][p.file_offset as usize..(p.file_offset + p.len) as usize]);
+    }
+    std::fs::write(store.join("tail.bin"), tail).unwrap();
+    let n_units: u32 = files.iter().map(|f| (f.len() as u64).div_ceil(unit) as u32).sum();
+    std::fs::write(store.join("journal.bin"), (0..n_units).flat_map(|u| u.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    store
+}
+
+#[test]
+fn a_store_killed_while_finishing_completes_without_fetching() {
+    // (smaller than the header reads, which the server does not count as unit fetches)
+    let unit = 512u64 << 10;
+    let (base, st) = test_server(Mode::Good, unit, 0);
+    let options = IngestOptions { unit_bytes: unit, in_flight: 2 };
+    let reference = temp_store("finish-ref");
+    ingest_from(&base, &reference, &options).unwrap();
+    // killed after the last unit was journaled: the next run hashes from the store and completes
+    let store = store_with_every_unit_in(&reference, unit, "finish");
+    std::fs::write(store.join("manifest.json.tmp"), b"{ half a manif").unwrap();
+    st.unit_bytes_sent.store(0, Ordering::SeqCst);
+    let m = ingest_from(&base, &store, &options).unwrap();
+    assert_eq!(m.state, StoreState::Complete);
+    assert_eq!(st.unit_bytes_sent.load(Ordering::SeqCst), 0, "nothing is fetched again");
+    for f in ["data.bin", "manifest.json"] {
+        assert!(std::fs::read(reference.join(f)).unwrap() == std::fs::read(store.join(f)).unwrap(), "{f} differs from the uninterrupted store's");
+    }
+    assert_eq!(files_in(&store), ["data.bin", "manifest.json"]);
+    // killed after the store was marked complete but before the cleanup: the leftovers go on the next open
+    for f in ["journal.bin", "tail.bin", "hash.json", "hash.json.tmp"] {
+        std::fs::write(store.join(f), b"left over").unwrap();
+    }
+    let dir = FsDir::new(&store).unwrap();
+    pollster::block_on(open_complete(&dir)).unwrap();
+    assert_eq!(files_in(&store), ["data.bin", "manifest.json"]);
+    // … or on the next ingest, which fetches nothing
+    std::fs::write(store.join("journal.bin"), b"left over").unwrap();
+    ingest_from(&base, &store, &options).unwrap();
+    assert_eq!(files_in(&store), ["data.bin", "manifest.json"]);
+    assert_eq!(st.unit_bytes_sent.load(Ordering::SeqCst), 0);
+    std::fs::remove_dir_all(&store).unwrap();
+    std::fs::remove_dir_all(&reference).unwrap();
+}
+
+#[test]
+fn bytes_corrupted_in_the_store_fail_their_part_and_only_that_part_is_fetched_again() {
+    let unit = 512u64 << 10;
+    let (base, st) = test_server(Mode::Good, unit, 0);
+    let options = IngestOptions { unit_bytes: unit, in_flight: 2 };
+    let reference = temp_store("corrupt-ref");
+    ingest_from(&base, &reference, &options).unwrap();
+    let store = store_with_every_unit_in(&reference, unit, "corrupt");
+    // one byte of part 2's first dense tensor
+    let files: Vec<Vec<u8>> = NAMES.iter().map(|n| std::fs::read(fixture_dir().join(n)).unwrap()).collect();
+    let headers = files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect();
+    let layout = lingtab::store::StoreLayout::from_model(&SplitModel::new(headers).unwrap()).unwrap();
+    let victim = layout.pieces.iter().find(|p| p.part == 1 && p.file_offset > 0 && p.store_offset < layout.data_len).unwrap();
+    let mut data = std::fs::read(store.join("data.bin")).unwrap();
+    data[victim.store_offset as usize] ^= 0x01;
+    std::fs::write(store.join("data.bin"), &data).unwrap();
+    st.unit_bytes_sent.store(0, Ordering::SeqCst);
+    let err = ingest_from(&base, &store, &options).unwrap_err();
+    eprintln!("{err}");
+    let want = format!("{:x}", Sha256::digest(&files[1]));
+    assert!(err.contains("part 2 (") && err.contains(&format!("expected {want}")) && err.contains("sha256 "), "{err}");
+    assert_eq!(st.unit_bytes_sent.load(Ordering::SeqCst), 0);
+    assert_not_complete(&store);
+    // the next ingest fetches part 2 again, and part 2 only
+    let m = ingest_from(&base, &store, &options).unwrap();
+    assert_eq!(m.state, StoreState::Complete);
+    assert_eq!(st.unit_bytes_sent.load(Ordering::SeqCst), files[1].len() as u64);
     for f in ["data.bin", "manifest.json"] {
         assert!(std::fs::read(reference.join(f)).unwrap() == std::fs::read(store.join(f)).unwrap(), "{f} differs from the uninterrupted store's");
     }

@@ -159,8 +159,8 @@ async fn forward_pass_matches_llama_cpp_in_browser() {
     use lingtab::source::{open_model, HttpSource};
     let base = format!("{}/fixtures/tiny-ling", test_server());
     let first = format!("{base}/tiny-ling-00001-of-00002.gguf");
-    let model = open_model(&first, |url| Ok(HttpSource { url: url.to_string() })).await.unwrap();
-    let parts: Vec<HttpSource> = lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(|url| HttpSource { url }).collect();
+    let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
+    let parts: Vec<HttpSource> = lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(HttpSource::new).collect();
     let gpu = Gpu::new().await.expect("WebGPU adapter");
     let mut engine = Engine::load(gpu, &model, &parts, &EngineOptions::default()).await.unwrap();
     let json = String::from_utf8(fetch_bytes(&format!("{base}/golden/forward_cases.json")).await).unwrap();
@@ -197,4 +197,394 @@ async fn expert_matvec_reads_selected_slots() {
 #[wasm_bindgen_test]
 async fn rms_norm_and_argmax_match_reference() {
     common::matvec::rms_norm_and_argmax_match_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+// ---- stores in OPFS and ingest -------------------------------------------------------------------------------
+
+mod store {
+    use super::{fetch_bytes, log, test_server};
+    use lingtab::engine::{Engine, EngineOptions};
+    use lingtab::gguf::{parse_header, SplitModel};
+    use lingtab::gpu::Gpu;
+    use lingtab::ingest::{ingest, IngestOptions, PartHint};
+    use lingtab::source::{BlobSource, HttpSource, RangeSource, RemoteIdentity, Tracked};
+    use lingtab::store::{check_quota, estimate, open_complete, read_manifest, Access, OpfsDir, StoreDir, StoreFile, StoreLayout, StoreState};
+    use sha2::{Digest, Sha256};
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use wasm_bindgen::prelude::*;
+    use wasm_bindgen::JsCast;
+    use wasm_bindgen_test::*;
+
+    const NAMES: [&str; 2] = ["tiny-ling-00001-of-00002.gguf", "tiny-ling-00002-of-00002.gguf"];
+
+    fn urls() -> Vec<String> {
+        NAMES.iter().map(|n| format!("{}/fixtures/tiny-ling/{n}", test_server())).collect()
+    }
+
+    /// The fixture's parts as the server sends them whole (the independent copy the stores are checked against).
+    async fn fixture_files() -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for u in urls() {
+            out.push(fetch_bytes(&u).await);
+        }
+        out
+    }
+
+    /// What a complete store's data file must hold: every kept byte of the GGUF files where the layout puts it
+    /// (zeros in the alignment gaps).
+    fn expected_data(files: &[Vec<u8>]) -> Vec<u8> {
+        let headers = files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect();
+        let layout = StoreLayout::from_model(&SplitModel::new(headers).unwrap()).unwrap();
+        let mut data = vec![0u8; layout.data_len as usize];
+        for p in layout.pieces.iter().filter(|p| p.store_offset < layout.data_len) {
+            let at = p.store_offset as usize;
+            data[at..at + p.len as usize].copy_from_slice(&files[p.part][p.file_offset as usize..(p.file_offset + p.len) as usize]);
+        }
+        data
+    }
+
+    /// A store name no earlier run left behind.
+    async fn fresh_store(tag: &str) -> String {
+        let name = format!("test-{tag}-{}", js_sys::Date::now() as u64);
+        OpfsDir::delete(&name).await.unwrap();
+        name
+    }
+
+    async fn read_file<D: StoreDir>(dir: &D, name: &str) -> Vec<u8> {
+        let f = dir.open(name, false).await.unwrap().unwrap_or_else(|| panic!("{name} is missing"));
+        let mut buf = vec![0u8; f.size().await.unwrap() as usize];
+        f.read_at(0, &mut buf).await.unwrap();
+        buf
+    }
+
+    async fn http_parts() -> (Vec<HttpSource>, Vec<PartHint>) {
+        let parts: Vec<HttpSource> = urls().into_iter().map(HttpSource::new).collect();
+        let mut hints = Vec::new();
+        for p in &parts {
+            let id = p.probe().await.unwrap();
+            hints.push(PartHint { etag: id.etag, size: Some(id.size), sha256: id.sha256 });
+        }
+        (parts, hints)
+    }
+
+    fn message(e: JsValue) -> String {
+        js_sys::Reflect::get(&e, &"message".into()).ok().and_then(|m| m.as_string()).unwrap_or_else(|| format!("{e:?}"))
+    }
+
+    fn get(v: &JsValue, k: &str) -> JsValue {
+        js_sys::Reflect::get(v, &k.into()).unwrap()
+    }
+
+    /// Ingest over HTTP into OPFS (sync access handles, in this worker), then the engine loaded from the store
+    /// gives bit-identical logits to the engine loaded from the GGUF over HTTP.
+    #[wasm_bindgen_test]
+    async fn opfs_store_ingested_over_http_gives_the_gguf_logits() {
+        let name = fresh_store("logits").await;
+        let files = fixture_files().await;
+        let dir = OpfsDir::open(&name, true).await.unwrap().unwrap();
+        assert_eq!(dir.access(), Access::Sync, "a dedicated worker has sync access handles");
+        let (parts, hints) = http_parts().await;
+        let began = js_sys::Date::now();
+        let m = ingest(&dir, &parts, &hints, &IngestOptions { unit_bytes: 1 << 20, in_flight: 4 }, &mut |_| {}).await.unwrap();
+        log(&format!("OPFS ingest of {} bytes: {:.0} ms", files.iter().map(|f| f.len()).sum::<usize>(), js_sys::Date::now() - began));
+        assert_eq!(m.state, StoreState::Complete);
+        for (p, f) in m.parts.iter().zip(&files) {
+            assert_eq!(p.sha256.as_deref(), Some(format!("{:x}", Sha256::digest(f)).as_str()));
+        }
+        assert!(read_file(&dir, "data.bin").await == expected_data(&files), "the OPFS data file differs from the GGUF bytes laid out");
+        for f in ["journal.bin", "tail.bin", "hash.json"] {
+            assert!(dir.open(f, false).await.unwrap().is_none(), "{f} is left in a complete store");
+        }
+        drop(dir);
+
+        let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        let (model, views) = open_complete(&dir).await.unwrap();
+        let mut from_store = Engine::load(Gpu::new().await.expect("WebGPU adapter"), &model, &views, &EngineOptions::default()).await.unwrap();
+        let http_model = lingtab::source::open_model(&urls()[0], |u| Ok(HttpSource::new(u))).await.unwrap();
+        let http: Vec<HttpSource> = urls().into_iter().map(HttpSource::new).collect();
+        let mut from_gguf = Engine::load(Gpu::new().await.expect("WebGPU adapter"), &http_model, &http, &EngineOptions::default()).await.unwrap();
+        for t in [2949u32, 3536, 786] {
+            let a = from_store.step(t).await.unwrap();
+            let b = from_gguf.step(t).await.unwrap();
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()) && a.len() == b.len(), "logits differ at token {t}");
+        }
+        drop((from_store, views, dir));
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// Interruptions — a read that fails (what an abort does) and the ingest future dropped mid-way (what
+    /// closing the tab does to the work in flight) — then a resume: the store is byte-identical to the GGUF
+    /// bytes laid out, and the bytes fetched stay within the units in flight per interruption.
+    #[wasm_bindgen_test]
+    async fn an_interrupted_opfs_ingest_resumes_to_the_same_bytes() {
+        let name = fresh_store("resume").await;
+        let files = fixture_files().await;
+        let total: u64 = files.iter().map(|f| f.len() as u64).sum();
+        let unit = 512u64 << 10;
+        let options = IngestOptions { unit_bytes: unit, in_flight: 3 };
+        let fetched = Rc::new(Cell::new(0u64));
+        let stop_after = Rc::new(Cell::new(u64::MAX));
+        let tracked = |parts: Vec<HttpSource>| -> Vec<Tracked<HttpSource>> {
+            let (fetched, stop_after) = (fetched.clone(), stop_after.clone());
+            let on_read: Rc<dyn Fn(u64) -> Result<(), String>> = Rc::new(move |n| {
+                // unit reads only (the header reads are 1 MiB, the probes 1 byte)
+                if n > 1 && n <= unit {
+                    fetched.set(fetched.get() + n);
+                }
+                if fetched.get() >= stop_after.get() { Err("stopped by the test".into()) } else { Ok(()) }
+            });
+            parts.into_iter().map(|inner| Tracked { inner, on_read: on_read.clone() }).collect()
+        };
+        // 1: stopped by a failing read after a third of the bytes
+        let (parts, hints) = http_parts().await;
+        stop_after.set(total / 3);
+        let dir = OpfsDir::open(&name, true).await.unwrap().unwrap();
+        let err = ingest(&dir, &tracked(parts), &hints, &options, &mut |_| {}).await.unwrap_err();
+        assert!(err.contains("stopped by the test"), "{err}");
+        assert_eq!(read_manifest(&dir).await.unwrap().unwrap().state, StoreState::Ingesting);
+        drop(dir);
+        // 2: the future dropped after a few more units were journaled
+        stop_after.set(u64::MAX);
+        let (parts, hints) = http_parts().await;
+        let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        let progress = Rc::new(RefCell::new(Vec::new()));
+        let journaled_at_drop = {
+            let parts = tracked(parts);
+            let seen = progress.clone();
+            let mut on_progress = move |p: &lingtab::ingest::Progress| seen.borrow_mut().push(p.clone());
+            let run = Box::pin(ingest(&dir, &parts, &hints, &options, &mut on_progress));
+            let fetch_events = progress.clone();
+            let enough = Box::pin(async move {
+                while fetch_events.borrow().iter().filter(|p| p.phase == lingtab::ingest::Phase::Fetch).count() < 8 {
+                    lingtab_sleep(5).await;
+                }
+            });
+            match futures_util::future::select(run, enough).await {
+                futures_util::future::Either::Left((r, _)) => panic!("the ingest ended before it was dropped: {r:?}"),
+                futures_util::future::Either::Right(_) => {}
+            }
+            read_file(&dir, "journal.bin").await.len() / 4
+        };
+        assert!(journaled_at_drop > 0);
+        let resumed_from = progress.borrow().iter().find(|p| p.phase == lingtab::ingest::Phase::Fetch).map(|p| p.bytes_done).unwrap();
+        assert!(resumed_from > 0 && resumed_from < total, "the second run resumed from {resumed_from} of {total} bytes");
+        drop(dir);
+        // 3: resumed to the end
+        let (parts, hints) = http_parts().await;
+        let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        let mut phases = Vec::new();
+        let m = ingest(&dir, &tracked(parts), &hints, &options, &mut |p| phases.push((p.phase, p.bytes_done, p.bytes_total))).await.unwrap();
+        assert_eq!(m.state, StoreState::Complete);
+        assert_eq!(phases.last().unwrap(), &(lingtab::ingest::Phase::Done, total, total));
+        assert!(read_file(&dir, "data.bin").await == expected_data(&files), "the resumed store differs from the GGUF bytes laid out");
+        let sent = fetched.get();
+        log(&format!("resumed OPFS ingest: {sent} unit bytes fetched for {total}"));
+        assert!(sent >= total && sent <= total + 2 * options.in_flight as u64 * unit, "fetched {sent} bytes for {total} with 2 interruptions");
+        drop(dir);
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    async fn lingtab_sleep(ms: i32) {
+        let p = js_sys::Promise::new(&mut |resolve, _| {
+            let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
+            global.set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms).unwrap();
+        });
+        wasm_bindgen_futures::JsFuture::from(p).await.unwrap();
+    }
+
+    /// The JS API: ingest with an AbortSignal (aborted from onProgress), storeInfo of the unfinished store, a
+    /// resume, listStores, Engine.load({ store }) and deleteStore.
+    #[wasm_bindgen_test]
+    async fn js_api_ingest_aborts_resumes_lists_loads_and_deletes() {
+        use lingtab::web::store::{delete_store, ingest_js, list_stores, store_info};
+        let name = fresh_store("js").await;
+        let files = fixture_files().await;
+        let controller = web_sys::AbortController::new().unwrap();
+        let events = Rc::new(RefCell::new(Vec::<JsValue>::new()));
+        let on_progress = {
+            let (events, controller) = (events.clone(), controller.clone());
+            Closure::<dyn FnMut(JsValue)>::new(move |ev: JsValue| {
+                events.borrow_mut().push(ev.clone());
+                if get(&ev, "phase").as_string().as_deref() == Some("fetch") && get(&ev, "bytesDone").as_f64().unwrap() > 0.0 {
+                    controller.abort();
+                }
+            })
+        };
+        let options = js_sys::Object::new();
+        let set = |o: &js_sys::Object, k: &str, v: &JsValue| {
+            js_sys::Reflect::set(o, &k.into(), v).unwrap();
+        };
+        set(&options, "model", &urls()[0].clone().into());
+        set(&options, "store", &name.clone().into());
+        set(&options, "unitBytes", &(256 * 1024).into());
+        set(&options, "inFlight", &2.into());
+        set(&options, "onProgress", on_progress.as_ref());
+        set(&options, "signal", &controller.signal());
+        let err = message(ingest_js(options.clone().into()).await.unwrap_err().into());
+        assert!(err.contains("aborted"), "{err}");
+        let ev = events.borrow()[0].clone();
+        assert_eq!(get(&ev, "phase").as_string().as_deref(), Some("headers"));
+        let info = store_info(name.clone()).await.unwrap();
+        assert_eq!(get(&info, "state").as_string().as_deref(), Some("ingesting"));
+        assert_eq!(get(&info, "model").as_string(), Some(urls()[0].clone()));
+
+        set(&options, "signal", &JsValue::UNDEFINED);
+        set(&options, "onProgress", &JsValue::UNDEFINED);
+        let summary = ingest_js(options.into()).await.unwrap();
+        assert_eq!(get(&summary, "state").as_string().as_deref(), Some("complete"));
+        let parts = js_sys::Array::from(&get(&summary, "parts"));
+        for (p, f) in parts.iter().zip(&files) {
+            assert_eq!(get(&p, "sha256").as_string(), Some(format!("{:x}", Sha256::digest(f))));
+            assert_eq!(get(&p, "size").as_f64(), Some(f.len() as f64));
+        }
+        let listed = js_sys::Array::from(&list_stores().await.unwrap());
+        let mine = listed.iter().find(|s| get(s, "name").as_string().as_deref() == Some(name.as_str())).expect("listStores lists the store");
+        assert_eq!(get(&mine, "state").as_string().as_deref(), Some("complete"));
+        assert_eq!(get(&mine, "bytes").as_f64(), Some(expected_data(&files).len() as f64));
+
+        let load = js_sys::Object::new();
+        set(&load, "store", &name.clone().into());
+        let engine = lingtab::web::Engine::load(load.into()).await.unwrap();
+        assert!(engine.stats().is_ok());
+        engine.dispose();
+        drop(engine);
+        // a store whose files are open (an ingest or an engine holds them) is not deleted under it
+        let holder = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        let _data = holder.open("data.bin", false).await.unwrap().unwrap();
+        let busy = message(delete_store(name.clone()).await.unwrap_err().into());
+        assert!(busy.contains("in use"), "deleting a store while its data file is open: {busy}");
+        drop((_data, holder));
+        assert!(delete_store(name.clone()).await.unwrap());
+        assert!(store_info(name.clone()).await.unwrap().is_null());
+        assert!(!delete_store(name.clone()).await.unwrap());
+        let load = js_sys::Object::new();
+        set(&load, "store", &name.clone().into());
+        let missing = message(lingtab::web::Engine::load(load.into()).await.err().unwrap().into());
+        assert!(missing.contains("no store named"), "{missing}");
+    }
+
+    /// Files the user picked (here Files made from the fetched bytes, given in the wrong order): ingested with
+    /// no download into a store equal to the GGUF bytes laid out.
+    #[wasm_bindgen_test]
+    async fn picked_files_are_ingested_without_downloading() {
+        use lingtab::web::store::ingest_js;
+        let name = fresh_store("files").await;
+        let files = fixture_files().await;
+        let picked = js_sys::Array::new();
+        for (bytes, n) in files.iter().zip(NAMES).rev() {
+            let parts = js_sys::Array::of1(&js_sys::Uint8Array::from(&bytes[..]));
+            picked.push(&web_sys::File::new_with_u8_array_sequence(&parts, n).unwrap());
+        }
+        // a BlobSource reads exactly the ranges asked for
+        let part1 = BlobSource::from_file(picked.get(1).unchecked_into());
+        assert_eq!(part1.read_range(1000, 77).await.unwrap(), (files[0][1000..1077].to_vec(), files[0].len() as u64));
+        let options = js_sys::Object::new();
+        js_sys::Reflect::set(&options, &"files".into(), &picked).unwrap();
+        js_sys::Reflect::set(&options, &"store".into(), &name.clone().into()).unwrap();
+        let summary = ingest_js(options.into()).await.unwrap();
+        assert_eq!(get(&summary, "state").as_string().as_deref(), Some("complete"));
+        let parts = js_sys::Array::from(&get(&summary, "parts"));
+        for ((p, f), n) in parts.iter().zip(&files).zip(NAMES) {
+            assert_eq!(get(&p, "source").as_string().as_deref(), Some(n), "parts in part order");
+            assert_eq!(get(&p, "sha256").as_string(), Some(format!("{:x}", Sha256::digest(f))));
+        }
+        let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        assert!(read_file(&dir, "data.bin").await == expected_data(&files));
+        drop(dir);
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// The quota check: from the real estimate, and a store whose space is limited below what it needs fails
+    /// before writing anything, with both numbers in the error.
+    #[wasm_bindgen_test]
+    async fn too_little_space_fails_before_writing_with_both_numbers() {
+        let (quota, usage) = estimate().await.unwrap();
+        log(&format!("navigator.storage.estimate(): quota {quota}, usage {usage}"));
+        assert!(quota > usage);
+        let available = quota - usage;
+        assert!(check_quota(available, quota, usage).is_ok());
+        let err = check_quota(available + 1, quota, usage).unwrap_err();
+        assert!(err.contains(&format!("needs {} more bytes", available + 1)) && err.contains(&format!("allows this site {available} more")), "{err}");
+
+        let name = fresh_store("quota").await;
+        let files = fixture_files().await;
+        let dir = OpfsDir::open(&name, true).await.unwrap().unwrap().limit_space(1 << 20);
+        let (parts, hints) = http_parts().await;
+        let err = ingest(&dir, &parts, &hints, &IngestOptions::default(), &mut |_| {}).await.unwrap_err();
+        let headers = files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect();
+        let needed = StoreLayout::from_model(&SplitModel::new(headers).unwrap()).unwrap().ingest_len;
+        assert!(err.contains(&format!("needs {needed} more bytes")) && err.contains(&format!("allows this site {} more", 1 << 20)), "{err}");
+        assert!(read_manifest(&dir).await.unwrap().is_none(), "a manifest was written");
+        assert!(dir.open("data.bin", false).await.unwrap().is_none(), "a data file was made");
+        drop(dir);
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// The async file API (what a window uses, where there are no sync handles): an ingest into it, atomic
+    /// small-file replacement, and a load of the store through it.
+    #[wasm_bindgen_test]
+    async fn the_async_file_api_store_ingests_and_loads() {
+        let name = fresh_store("async").await;
+        let files = fixture_files().await;
+        let dir = OpfsDir::open(&name, true).await.unwrap().unwrap().with_access(Access::Async);
+        dir.write_atomic("probe.json", b"first").await.unwrap();
+        dir.write_atomic("probe.json", b"second, longer").await.unwrap();
+        assert_eq!(dir.read_all("probe.json").await.unwrap().as_deref(), Some(&b"second, longer"[..]));
+        dir.remove("probe.json").await.unwrap();
+        assert_eq!(dir.read_all("probe.json").await.unwrap(), None);
+        let (parts, hints) = http_parts().await;
+        let began = js_sys::Date::now();
+        // large units: every flush of the async API commits (copies) the whole file
+        let m = ingest(&dir, &parts, &hints, &IngestOptions { unit_bytes: 8 << 20, in_flight: 2 }, &mut |_| {}).await.unwrap();
+        log(&format!("async-API OPFS ingest: {:.0} ms", js_sys::Date::now() - began));
+        assert_eq!(m.state, StoreState::Complete);
+        assert!(read_file(&dir, "data.bin").await == expected_data(&files));
+        let (model, views) = open_complete(&dir).await.unwrap();
+        let t = model.tensors.iter().find(|t| t.info.name == "token_embd.weight").unwrap();
+        let (got, _) = views[t.part].read_range(t.file_offset, 4096).await.unwrap();
+        assert!(got[..] == files[t.part][t.file_offset as usize..t.file_offset as usize + 4096]);
+        drop((views, dir));
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// The browser HTTP source refuses an answer whose size or validator differs from the pinned identity.
+    #[wasm_bindgen_test]
+    async fn the_http_source_refuses_a_changed_file() {
+        let url = urls()[0].clone();
+        let real = HttpSource::new(url.clone()).probe().await.unwrap();
+        let changed = HttpSource::new(url.clone());
+        changed.expect(RemoteIdentity { etag: Some("another version".into()), ..real.clone() });
+        let err = changed.read_range(0, 100).await.unwrap_err();
+        assert!(err.contains("the file changed: ETag was \"another version\""), "{err}");
+        let resized = HttpSource::new(url);
+        resized.expect(RemoteIdentity { size: real.size + 1, ..real });
+        let err = resized.read_range(0, 100).await.unwrap_err();
+        assert!(err.contains("the file changed") && err.contains("bytes"), "{err}");
+    }
+}
+
+/// Experts streamed over HTTP into a pool of one token's experts (split over several buffers by a small
+/// binding limit) give the all-resident engine's logits, bit for bit, in the browser.
+#[wasm_bindgen_test]
+async fn streamed_experts_give_the_resident_logits_in_browser() {
+    use lingtab::engine::{Engine, EngineOptions, Policy};
+    use lingtab::source::{open_model, HttpSource};
+    let first = format!("{}/fixtures/tiny-ling/tiny-ling-00001-of-00002.gguf", test_server());
+    let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
+    let parts = || -> Vec<HttpSource> { lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(HttpSource::new).collect() };
+    let mut resident = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &EngineOptions::default()).await.unwrap();
+    let slot = resident.stats().slot_bytes;
+    let k = resident.config.n_expert_used as u64;
+    let options = EngineOptions { pool_bytes: Some(k * slot), max_binding: Some(256 << 10), policy: Some(Policy::Lru), ..Default::default() };
+    let mut streamed = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &options).await.unwrap();
+    assert!(streamed.is_streaming() && !resident.is_streaming());
+    for t in [2949u32, 3536, 786, 0, 571] {
+        let a = resident.step(t).await.unwrap();
+        let b = streamed.step(t).await.unwrap();
+        assert!(a == b, "token {t}: streamed logits differ from the resident ones");
+    }
+    let s = streamed.stats();
+    log(&format!("browser streaming: pool of {} slots, hit rate {:.1}%, {} misses, {:.1} MB read", s.pool_slots, 100.0 * s.hit_rate(), s.misses, s.bytes_read as f64 / 1e6));
+    assert_eq!(s.hits + s.misses, 5 * k * streamed.config.moe_layers().count() as u64);
 }

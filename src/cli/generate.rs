@@ -164,7 +164,9 @@ pub fn generate(first_part: &Path, prompt: &str, system: Option<&str>, raw: bool
         messages.push(Message::user(prompt));
         session.generate(&messages, options)?
     };
-    stream(generation).map(|_| ())
+    stream(generation)?;
+    super::run::print_stats(&session.engine);
+    Ok(())
 }
 
 pub fn chat(first_part: &Path, system: Option<&str>, args: &GenArgs, engine: &EngineOptions) -> Result<(), String> {

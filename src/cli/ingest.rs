@@ -35,12 +35,7 @@ fn mb(x: u64) -> f64 {
 }
 
 fn line(p: &Progress) -> String {
-    let phase = match p.phase {
-        Phase::Headers => "headers",
-        Phase::Fetch => "fetch",
-        Phase::Verify => "verify",
-        Phase::Done => "done",
-    };
+    let phase = p.phase.as_str();
     let pct = if p.bytes_total > 0 { 100.0 * p.bytes_done as f64 / p.bytes_total as f64 } else { 0.0 };
     let eta = p.eta_s.map(|s| format!("{:.0}s", s)).unwrap_or_else(|| "?".into());
     format!("{phase:>7} {pct:5.1}% {:.1}/{:.1} MB {:.1} MB/s ETA {eta}", mb(p.bytes_done), mb(p.bytes_total), mb(p.rate as u64))

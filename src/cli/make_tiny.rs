@@ -37,6 +37,9 @@ pub struct MakeTinyArgs {
     pub vocab: Option<usize>,
     #[arg(long)]
     pub parts: Option<usize>,
+    /// Routing skew (0: uniform); about 1 makes a few experts hot (see `lingtab bench-stream`)
+    #[arg(long)]
+    pub expert_skew: Option<f32>,
     /// File name prefix (`NAME-00001-of-00002.gguf`)
     #[arg(long)]
     pub name: Option<String>,
@@ -65,6 +68,9 @@ impl MakeTinyArgs {
         set(&mut o.ff_expert, self.ff_expert);
         set(&mut o.vocab, self.vocab);
         set(&mut o.parts, self.parts);
+        if let Some(s) = self.expert_skew {
+            o.expert_skew = s;
+        }
         if let Some(name) = &self.name {
             o.name = name.clone();
         }

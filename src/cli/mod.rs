@@ -1,5 +1,6 @@
 //! Native command-line subcommands.
 
+pub mod bench_stream;
 pub mod dequant;
 pub mod generate;
 pub mod ingest;
@@ -70,6 +71,15 @@ enum Command {
         /// Tokens to generate
         #[arg(short = 'n', long = "n", default_value_t = 32)]
         n: usize,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// The expert cache per pool size and eviction policy on the same decoded tokens (LRU as the baseline)
+    BenchStream {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        args: bench_stream::BenchStreamArgs,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -161,6 +171,16 @@ struct EngineArgs {
     /// Largest buffer binding in bytes (forces tensors and the expert pool to split; also LINGTAB_MAX_BINDING)
     #[arg(long)]
     max_binding: Option<u64>,
+    /// GPU bytes for the expert pool (default: every expert resident); a smaller pool streams experts from
+    /// the GGUF or store as the router asks for them
+    #[arg(long, conflicts_with = "gpu_budget")]
+    pool_bytes: Option<u64>,
+    /// GPU bytes for everything: the expert pool gets what the dense weights and states leave
+    #[arg(long)]
+    gpu_budget: Option<u64>,
+    /// Eviction policy of a streaming pool: lru, hot (decaying frequency) or hot:DECAY
+    #[arg(long, value_parser = crate::engine::Policy::parse)]
+    policy: Option<crate::engine::Policy>,
 }
 
 impl EngineArgs {
@@ -168,6 +188,9 @@ impl EngineArgs {
         let mut o = crate::engine::EngineOptions::from_env();
         o.n_ctx = self.ctx.or(o.n_ctx);
         o.max_binding = self.max_binding.or(o.max_binding);
+        o.pool_bytes = self.pool_bytes;
+        o.gpu_budget_bytes = self.gpu_budget;
+        o.policy = self.policy;
         o
     }
 }
@@ -183,6 +206,7 @@ pub fn main() {
             run::logits(&model.path(), &tokens, &out, margins.as_deref(), &engine.options())
         }
         Command::Greedy { model, tokens, n, engine } => run::greedy(&model.path(), &tokens, n, &engine.options()),
+        Command::BenchStream { model, args, engine } => bench_stream::run(&model.path(), &args, &engine.options()),
         Command::Generate { args, engine } => {
             generate::generate(&args.gguf, &args.prompt, args.system.as_deref(), args.raw, &args.gen, &engine.options())
         }

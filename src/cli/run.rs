@@ -31,7 +31,7 @@ pub fn load_engine(first_part: &Path, options: &EngineOptions) -> Result<Engine,
     let parts = names.iter().map(|n| FileSource::open(Path::new(n))).collect::<Result<Vec<_>, _>>()?;
     pollster::block_on(async {
         let gpu = Gpu::new().await.map_err(|e| e.0)?;
-        Engine::load(gpu, &model, &parts, options).await
+        Engine::open(gpu, &model, parts, options).await
     })
 }
 
@@ -60,7 +60,7 @@ pub fn load_engine_from_store(dir: &Path, options: &EngineOptions) -> Result<Eng
     pollster::block_on(async {
         let (model, parts) = crate::store::open_complete(&dir).await?;
         let gpu = Gpu::new().await.map_err(|e| e.0)?;
-        Engine::load(gpu, &model, &parts, options).await
+        Engine::open(gpu, &model, parts, options).await
     })
 }
 
@@ -89,6 +89,7 @@ pub fn logits(model: &ModelPath, tokens: &str, out: &Path, margins: Option<&Path
     }
     writer.flush().map_err(|e| format!("{}: {e}", out.display()))?;
     eprintln!("{} rows × {} logits written to {}", ids.len(), engine.vocab_size(), out.display());
+    print_stats(&engine);
     Ok(())
 }
 
@@ -111,5 +112,40 @@ pub fn greedy(model: &ModelPath, tokens: &str, n: usize, options: &EngineOptions
         Ok::<(), String>(())
     })?;
     println!("{}", serde_json::to_string(&out).unwrap());
+    print_stats(&engine);
     Ok(())
+}
+
+/// The expert cache's counters on stderr, when experts were streamed.
+pub fn print_stats(engine: &Engine) {
+    if !engine.is_streaming() {
+        return;
+    }
+    let s = engine.stats();
+    let tokens = s.tokens.max(1) as f64;
+    eprintln!(
+        "expert cache ({}, {} slots of {} bytes): hit rate {:.1}% ({} hits, {} misses, {} evictions); per token: {:.2} MB read, {:.2} MB uploaded, read {:.2} ms, upload {:.2} ms, routing wait {:.2} ms, {:.1} syncs",
+        s.policy,
+        s.pool_slots,
+        s.slot_bytes,
+        100.0 * s.hit_rate(),
+        s.hits,
+        s.misses,
+        s.evictions,
+        s.bytes_read as f64 / tokens / 1e6,
+        s.bytes_uploaded as f64 / tokens / 1e6,
+        1e3 * s.read_s / tokens,
+        1e3 * s.upload_s / tokens,
+        1e3 * s.wait_s / tokens,
+        s.syncs as f64 / tokens
+    );
+    let per_layer: Vec<String> = s
+        .layer_hits
+        .iter()
+        .zip(&s.layer_misses)
+        .enumerate()
+        .filter(|(_, (h, m))| **h + **m > 0)
+        .map(|(l, (h, m))| format!("{l}:{:.0}%", 100.0 * *h as f64 / (*h + *m) as f64))
+        .collect();
+    eprintln!("hit rate per layer: {}", per_layer.join(" "));
 }

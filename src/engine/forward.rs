@@ -4,9 +4,12 @@
 //!              h = RMSNorm(x)·ffn_norm;  x += dense SwiGLU(h), or routed experts(h) + shared expert(h)
 //!   logits = output · (RMSNorm(x)·output_norm)
 //! Routing stays on the GPU: the router writes the selection, the expert kernels look the selected experts
-//! up in the pool's slot table, so a step needs no readback until its logits.
+//! up in the pool's slot table, so with every expert resident a step needs no readback until its logits.
+//! When experts are streamed, each MoE layer's selection comes back so the cache can fill the misses first.
 
-use super::pool::ExpertPool;
+use super::cache::{CacheStats, ExpertCache, NONE};
+use super::pool::{ExpertPool, RecordReader};
+use crate::clock::now_s;
 use super::weights::{GpuTensor, Weights};
 use crate::gpu::matvec::{self, Matrix, Strided};
 use crate::gpu::{dequant, kda, mla, moe, norm, Gpu, Pass};
@@ -53,6 +56,8 @@ pub struct State {
     shared_act: wgpu::Buffer,
     pub logits: wgpu::Buffer,
     pub argmax: wgpu::Buffer,
+    /// GPU bytes of all of the above.
+    pub bytes: u64,
 }
 
 fn floats(gpu: &Gpu, label: &str, n: usize) -> wgpu::Buffer {
@@ -135,9 +140,25 @@ impl State {
             shared_act: floats(gpu, "shared act", c.ff_shared),
             logits: floats(gpu, "logits", vocab),
             argmax: gpu.storage_buffer("argmax", 8),
+            bytes: 0,
         };
+        let mut state = state;
+        state.bytes = state.buffers().map(|b| b.size()).sum();
         state.clear(gpu);
         Ok(state)
+    }
+
+    fn buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
+        let layers = self.layers.iter().flat_map(|l| match l {
+            LayerState::Kda { conv, recurrent, conv_w } => vec![conv, recurrent, conv_w],
+            LayerState::Mla { cache } => vec![cache],
+        });
+        let scratch = [
+            &self.x, &self.h, &self.attn_out, &self.ffn_out, &self.qkv_pre, &self.qkv, &self.fa, &self.beta_logits, &self.gb, &self.z, &self.o,
+            &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.heads_out, &self.gate_logits, &self.gu, &self.act,
+            &self.router_logits, &self.experts_out, &self.shared_gu, &self.shared_act, &self.logits, &self.argmax,
+        ];
+        layers.chain(scratch).chain(self.sel.iter().flatten())
     }
 
     /// Zeroes the recurrent and conv states.
@@ -153,20 +174,28 @@ impl State {
     }
 }
 
-/// Records and submits the step for `token` at position `pos`; logits land in `state.logits`, the greedy
-/// pick in `state.argmax`.
-pub fn record_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &ExpertPool, s: &State, token: u32, pos: u32) -> Result<(), String> {
+/// How the routed experts reach the pool: all resident (the slot table never changes, no readback), or
+/// streamed (per MoE layer the selection comes back, the cache maps it to slots and misses are filled).
+pub enum Experts {
+    Resident,
+    Streaming { cache: ExpertCache, reader: Box<dyn RecordReader> },
+}
+
+/// Runs the step for `token` at position `pos`; logits land in `state.logits`, the greedy pick in
+/// `state.argmax`. Resident experts: one submission, no readback. Streamed experts: one readback per MoE layer.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &ExpertPool, s: &State, experts: &mut Experts, stats: &mut CacheStats, token: u32, pos: u32) -> Result<(), String> {
     let mut pass = Pass::new();
-    let p = &mut pass;
     let hidden = c.hidden as u32;
     let eps = c.rms_eps;
 
     let embd = w.get("token_embd.weight")?;
     let (piece, offset) = embd.row(token as u64);
-    dequant::record(gpu, p, &piece.buffer, embd.ty, offset, hidden, &s.x, 0);
+    dequant::record(gpu, &mut pass, &piece.buffer, embd.ty, offset, hidden, &s.x, 0);
 
     for l in 0..c.n_layer {
         let t = |name: &str| w.get(&format!("blk.{l}.{name}"));
+        let p = &mut pass;
         norm::rms_norm(gpu, p, &s.x, 0, t("attn_norm.weight")?.whole(), &s.h, 0, hidden, eps);
         match &s.layers[l] {
             LayerState::Kda { conv, recurrent, conv_w } => kda_layer(gpu, p, c, &t, s, conv, recurrent, conv_w)?,
@@ -176,7 +205,23 @@ pub fn record_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &ExpertPool, s: &St
 
         norm::rms_norm(gpu, p, &s.x, 0, t("ffn_norm.weight")?.whole(), &s.h, 0, hidden, eps);
         if c.is_moe_layer(l) {
-            moe_layer(gpu, p, c, &t, s, pool, l)?;
+            let sel = s.sel[l].as_ref().expect("MoE layers have a selection buffer");
+            moe_route(gpu, p, c, &t, s, sel)?;
+            let layer_hits = stats.layer_hits.len().max(c.n_layer);
+            stats.layer_hits.resize(layer_hits, 0);
+            stats.layer_misses.resize(layer_hits, 0);
+            match experts {
+                Experts::Resident => {
+                    stats.hits += c.n_expert_used as u64;
+                    stats.layer_hits[l] += c.n_expert_used as u64;
+                }
+                Experts::Streaming { cache, reader } => {
+                    std::mem::take(&mut pass).submit(gpu);
+                    stats.submits += 1;
+                    serve_layer(gpu, c, pool, cache, reader.as_ref(), sel, l, stats).await?;
+                }
+            }
+            moe_experts(gpu, &mut pass, c, &t, s, pool, sel, l)?;
         } else {
             let f = c.ff_dense as u32;
             t("ffn_gate.weight")?.matvec(gpu, p, &s.h, 0, &s.gu, 0);
@@ -186,10 +231,64 @@ pub fn record_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &ExpertPool, s: &St
             moe::add(gpu, p, &s.x, &s.ffn_out, hidden);
         }
     }
+    let p = &mut pass;
     norm::rms_norm(gpu, p, &s.x, 0, w.get("output_norm.weight")?.whole(), &s.h, 0, hidden, eps);
     w.get("output.weight").or_else(|_| w.get("token_embd.weight"))?.matvec(gpu, p, &s.h, 0, &s.logits, 0);
     norm::argmax(gpu, p, &s.logits, s.vocab as u32, &s.argmax);
     pass.submit(gpu);
+    stats.submits += 1;
+    if let Experts::Streaming { cache, .. } = experts {
+        cache.end_token();
+    }
+    Ok(())
+}
+
+/// Brings layer `l`'s selected experts into the pool: reads the selection back, maps it to slots, reads the
+/// misses' records and queues their upload and slot-table entries (they land before the next submission).
+#[allow(clippy::too_many_arguments)]
+async fn serve_layer(gpu: &Gpu, c: &Config, pool: &ExpertPool, cache: &mut ExpertCache, reader: &dyn RecordReader, sel: &wgpu::Buffer, l: usize, stats: &mut CacheStats) -> Result<(), String> {
+    let k = c.n_expert_used;
+    let began = now_s();
+    let words = gpu.read_back(sel, k as u64 * 4).await.map_err(|e| e.0)?;
+    stats.wait_s += now_s() - began;
+    stats.syncs += 1;
+    let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&words[..k * 4]);
+    if let Some(bad) = ids.iter().find(|&&e| e >= pool.n_expert) {
+        return Err(format!("layer {l}: the router selected expert {bad} of {} (a GPU fault?)", pool.n_expert));
+    }
+    let plan = cache.plan(l, &ids);
+    let misses = plan.fills.len() as u64;
+    stats.hits += k as u64 - misses;
+    stats.misses += misses;
+    stats.layer_hits[l] += k as u64 - misses;
+    stats.layer_misses[l] += misses;
+    if plan.fills.is_empty() {
+        return Ok(());
+    }
+    let wanted: Vec<u32> = plan.fills.iter().map(|f| f.expert).collect();
+    let began = now_s();
+    let records = match reader.read(l, &wanted).await {
+        Ok(r) => r,
+        Err(e) => {
+            for f in &plan.fills {
+                cache.forget(f.slot);
+            }
+            return Err(format!("reading experts of layer {l}: {e}"));
+        }
+    };
+    stats.read_s += now_s() - began;
+    let began = now_s();
+    for (fill, record) in plan.fills.iter().zip(&records) {
+        if let Some(old) = fill.evicted {
+            pool.map(gpu, (old / pool.n_expert) as usize, old % pool.n_expert, NONE);
+            stats.evictions += 1;
+            stats.bytes_uploaded += 4;
+        }
+        stats.bytes_read += record.len() as u64;
+        stats.bytes_uploaded += pool.fill(gpu, fill.slot, record) + 4;
+        pool.map(gpu, l, fill.expert, fill.slot);
+    }
+    stats.upload_s += now_s() - began;
     Ok(())
 }
 
@@ -237,12 +336,18 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, cache
     Ok(())
 }
 
-fn moe_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, pool: &ExpertPool, l: usize) -> Result<(), String> {
+fn moe_route(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, sel: &wgpu::Buffer) -> Result<(), String> {
+    t("ffn_gate_inp.weight")?.matvec(gpu, p, &s.h, 0, &s.router_logits, 0);
+    let (k, groups, used) = (c.n_expert_used as u32, c.n_expert_group as u32, c.n_group_used as u32);
+    moe::route(gpu, p, &s.router_logits, t("exp_probs_b.bias")?.whole(), sel, c.n_expert as u32, k, groups, used, c.expert_weights_norm, c.expert_weights_scale);
+    Ok(())
+}
+
+/// The selected experts (read from their pool slots), the shared expert, and their sum added to `x`.
+#[allow(clippy::too_many_arguments)]
+fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, pool: &ExpertPool, sel: &wgpu::Buffer, l: usize) -> Result<(), String> {
     let (k, hidden) = (c.n_expert_used as u32, c.hidden as u32);
     let (f, fs) = (c.ff_expert as u32, c.ff_shared as u32);
-    let sel = s.sel[l].as_ref().expect("MoE layers have a selection buffer");
-    t("ffn_gate_inp.weight")?.matvec(gpu, p, &s.h, 0, &s.router_logits, 0);
-    moe::route(gpu, p, &s.router_logits, t("exp_probs_b.bias")?.whole(), sel, c.n_expert as u32, k, c.n_expert_group as u32, c.n_group_used as u32, c.expert_weights_norm, c.expert_weights_scale);
     let layout = pool.layouts[l].ok_or_else(|| format!("layer {l} has no expert record layout"))?;
     let slot_base = l as u32 * pool.n_expert;
     let same_input = Strided { offset: 0, stride: 0 };

@@ -2,6 +2,7 @@
 //! recurrent and conv states and the MLA latent cache held on the GPU, and routed experts read from the pool.
 //! llama.cpp's `src/models/bailingmoe3.cpp` is the reference; `forward.rs` follows its order of operations.
 
+pub mod cache;
 mod forward;
 pub mod pool;
 pub mod weights;
@@ -11,8 +12,10 @@ use crate::gpu::moe::{selection_words, Selection};
 use crate::gpu::Gpu;
 use crate::model::Config;
 use crate::source::RangeSource;
-use forward::State;
-use pool::ExpertPool;
+pub use cache::{CacheStats, Policy};
+use cache::ExpertCache;
+use forward::{Experts, State};
+use pool::{ExpertPool, ExpertTensors, PartsReader};
 use weights::Weights;
 
 #[derive(Clone, Debug, Default)]
@@ -22,6 +25,15 @@ pub struct EngineOptions {
     /// Largest buffer a kernel may bind; default: the adapter's limit. Smaller values force tensors and the
     /// expert pool to be split over several buffers (the same path the real 330 MB head takes).
     pub max_binding: Option<u64>,
+    /// GPU bytes for the expert pool; default: every expert resident. Smaller pools stream experts from the
+    /// model's source as the router asks for them ([`Engine::open`]).
+    pub pool_bytes: Option<u64>,
+    /// GPU bytes the engine may use in all: the pool gets what the dense weights and states leave.
+    pub gpu_budget_bytes: Option<u64>,
+    /// Pool size in slots, raised to one token's experts if below (benchmarks; overrides the byte sizes).
+    pub pool_slots: Option<u32>,
+    /// Eviction policy of a streaming pool (default [`Policy::DEFAULT`]).
+    pub policy: Option<Policy>,
 }
 
 impl EngineOptions {
@@ -31,8 +43,18 @@ impl EngineOptions {
         let max_binding = std::env::var("LINGTAB_MAX_BINDING").ok().and_then(|v| v.parse().ok());
         #[cfg(target_arch = "wasm32")]
         let max_binding = None;
-        EngineOptions { n_ctx: None, max_binding }
+        EngineOptions { max_binding, ..Default::default() }
     }
+}
+
+/// GPU memory the engine holds, by what it is for.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuBytes {
+    pub dense_weights: u64,
+    pub expert_pool: u64,
+    /// KDA states, MLA caches and scratch vectors.
+    pub states: u64,
 }
 
 pub struct Engine {
@@ -40,15 +62,44 @@ pub struct Engine {
     pub config: Config,
     weights: Weights,
     pool: ExpertPool,
+    experts: Experts,
     state: State,
     /// Tokens whose effect the states hold, in order; the next step is at position `tokens.len()`.
     tokens: Vec<u32>,
     pub n_ctx: usize,
+    stats: CacheStats,
+    expert_tensors: ExpertTensors,
+    max_binding: u64,
+}
+
+/// Slots of the expert pool the options ask for (every expert when they ask for nothing).
+fn pool_slots(config: &Config, tensors: &ExpertTensors, dense: u64, states: u64, options: &EngineOptions) -> Result<u32, String> {
+    let (total, slot) = (tensors.total(), tensors.slot_bytes());
+    if let Some(n) = options.pool_slots {
+        return Ok((n as u64).clamp(config.n_expert_used as u64, total) as u32);
+    }
+    let bytes = match (options.pool_bytes, options.gpu_budget_bytes) {
+        (Some(_), Some(_)) => return Err("give a pool size or a GPU budget, not both".into()),
+        (Some(p), None) => p,
+        (None, Some(budget)) => budget.checked_sub(dense + states).ok_or_else(|| {
+            format!("a GPU budget of {budget} bytes does not hold the dense weights ({dense} bytes) and states ({states} bytes), let alone experts")
+        })?,
+        (None, None) => return Ok(total as u32),
+    };
+    let k = config.n_expert_used as u64;
+    let n = (bytes / slot).min(total);
+    if n < k {
+        return Err(format!(
+            "an expert pool of {bytes} bytes holds {n} expert records of {slot} bytes; a token needs {k} at once: give at least {} bytes",
+            k * slot
+        ));
+    }
+    Ok(n as u32)
 }
 
 impl Engine {
-    /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
-    pub async fn load<S: RangeSource>(gpu: Gpu, model: &SplitModel, parts: &[S], options: &EngineOptions) -> Result<Engine, String> {
+    /// Dense weights, states and the expert tensors' shapes; no pool yet.
+    async fn load_dense<S: RangeSource>(gpu: &Gpu, model: &SplitModel, parts: &[S], options: &EngineOptions) -> Result<(Config, Weights, State, ExpertTensors, u64, usize), String> {
         let config = Config::from_header(model.header()).map_err(|e| e.to_string())?;
         crate::model::layout::check_tensors(&config, model)?;
         let limits = gpu.device.limits();
@@ -57,10 +108,84 @@ impl Engine {
             return Err(format!("binding limit {max_binding} is too small"));
         }
         let n_ctx = options.n_ctx.unwrap_or(4096).min(config.context_length).max(1);
-        let weights = Weights::load(&gpu, &config, model, max_binding, parts).await?;
-        let pool = ExpertPool::load_resident(&gpu, &config, model, max_binding, parts).await?;
-        let state = State::new(&gpu, &config, &weights, n_ctx)?;
-        Ok(Engine { gpu, config, weights, pool, state, tokens: Vec::new(), n_ctx })
+        let tensors = ExpertTensors::of(&config, model)?;
+        let weights = Weights::load(gpu, &config, model, max_binding, parts).await?;
+        let state = State::new(gpu, &config, &weights, n_ctx)?;
+        Ok((config, weights, state, tensors, max_binding, n_ctx))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, state: State, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
+        let stats = CacheStats { policy: policy.into(), pool_slots: pool.n_slots, slot_bytes: pool.slot_bytes, ..Default::default() };
+        Engine { gpu, config, weights, pool, experts, state, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding }
+    }
+
+    /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
+    /// For a pool smaller than the experts, use [`Engine::open`], which keeps the parts to stream from.
+    pub async fn load<S: RangeSource>(gpu: Gpu, model: &SplitModel, parts: &[S], options: &EngineOptions) -> Result<Engine, String> {
+        let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, parts, options).await?;
+        let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes, options)?;
+        if (slots as u64) < tensors.total() {
+            return Err(format!("a pool of {slots} experts (of {}) streams experts: load with Engine::open", tensors.total()));
+        }
+        let reader = PartsReader { parts: parts.iter().collect::<Vec<&S>>(), tensors: tensors.clone() };
+        let pool = ExpertPool::load_resident(&gpu, &tensors, config.n_layer, max_binding, &reader).await?;
+        Ok(Self::assemble(gpu, config, weights, pool, Experts::Resident, state, n_ctx, "resident", tensors, max_binding))
+    }
+
+    /// Like [`Engine::load`], and keeps `parts`: with a pool smaller than the experts (`pool_bytes`,
+    /// `gpu_budget_bytes`), experts are read from them as the router asks, into a cache of GPU slots.
+    pub async fn open<S: RangeSource + 'static>(gpu: Gpu, model: &SplitModel, parts: Vec<S>, options: &EngineOptions) -> Result<Engine, String> {
+        let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, &parts, options).await?;
+        let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes, options)?;
+        let reader = PartsReader { parts, tensors: tensors.clone() };
+        if slots as u64 >= tensors.total() {
+            let pool = ExpertPool::load_resident(&gpu, &tensors, config.n_layer, max_binding, &reader).await?;
+            return Ok(Self::assemble(gpu, config, weights, pool, Experts::Resident, state, n_ctx, "resident", tensors, max_binding));
+        }
+        let policy = options.policy.unwrap_or(Policy::DEFAULT);
+        let pool = ExpertPool::new(&gpu, &tensors, config.n_layer, slots, max_binding)?;
+        let cache = ExpertCache::new(config.n_layer, tensors.n_expert, slots, policy);
+        let experts = Experts::Streaming { cache, reader: Box::new(reader) };
+        Ok(Self::assemble(gpu, config, weights, pool, experts, state, n_ctx, &policy.name(), tensors, max_binding))
+    }
+
+    /// Gives a streaming engine a new, empty pool of `slots` slots and a cache with `policy` (benchmarks compare
+    /// pool sizes and policies on one load); the sequence and the counters start over.
+    pub fn set_pool(&mut self, slots: u32, policy: Policy) -> Result<(), String> {
+        let Experts::Streaming { reader, .. } = std::mem::replace(&mut self.experts, Experts::Resident) else {
+            return Err("the engine holds every expert: open it with a pool size to stream".into());
+        };
+        let tensors = &self.expert_tensors;
+        let k = self.config.n_expert_used as u32;
+        let slots = slots.clamp(k, tensors.total() as u32);
+        // the old pool goes first, so both never hold GPU memory at once
+        self.pool = ExpertPool::new(&self.gpu, tensors, self.config.n_layer, k, self.max_binding)?;
+        self.pool = ExpertPool::new(&self.gpu, tensors, self.config.n_layer, slots, self.max_binding)?;
+        self.experts = Experts::Streaming { cache: ExpertCache::new(self.config.n_layer, tensors.n_expert, slots, policy), reader };
+        self.reset();
+        self.stats = CacheStats { policy: policy.name(), pool_slots: slots, slot_bytes: self.pool.slot_bytes, ..Default::default() };
+        Ok(())
+    }
+
+    /// True when experts are streamed into a pool smaller than the model's experts.
+    pub fn is_streaming(&self) -> bool {
+        matches!(self.experts, Experts::Streaming { .. })
+    }
+
+    /// Counters of the expert cache and the steps so far.
+    pub fn stats(&self) -> &CacheStats {
+        &self.stats
+    }
+
+    /// Zeroes the counters (not the cache).
+    pub fn reset_stats(&mut self) {
+        let fresh = CacheStats { policy: self.stats.policy.clone(), pool_slots: self.stats.pool_slots, slot_bytes: self.stats.slot_bytes, ..Default::default() };
+        self.stats = fresh;
+    }
+
+    pub fn gpu_bytes(&self) -> GpuBytes {
+        GpuBytes { dense_weights: self.weights.bytes, expert_pool: self.pool.gpu_bytes(), states: self.state.bytes }
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -89,22 +214,33 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs `token` at the next position and returns the logits.
-    pub async fn step(&mut self, token: u32) -> Result<Vec<f32>, String> {
+    /// Runs `token` at the next position. A failure part-way (an expert that cannot be read) leaves the states
+    /// half-updated, so the sequence is forgotten: the next feed starts over.
+    async fn advance(&mut self, token: u32) -> Result<(), String> {
         self.check_token(token)?;
         let pos = self.tokens.len() as u32;
-        forward::record_step(&self.gpu, &self.config, &self.weights, &self.pool, &self.state, token, pos)?;
+        let result = forward::run_step(&self.gpu, &self.config, &self.weights, &self.pool, &self.state, &mut self.experts, &mut self.stats, token, pos).await;
+        if let Err(e) = result {
+            self.reset();
+            return Err(e);
+        }
         self.tokens.push(token);
+        self.stats.tokens += 1;
+        Ok(())
+    }
+
+    /// Runs `token` at the next position and returns the logits.
+    pub async fn step(&mut self, token: u32) -> Result<Vec<f32>, String> {
+        self.advance(token).await?;
+        self.stats.syncs += 1;
         let bytes = self.gpu.read_back(&self.state.logits, self.state.vocab as u64 * 4).await.map_err(|e| e.0)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes[..self.state.vocab * 4]))
     }
 
     /// Runs `token` and returns only the greedy pick (argmax on the GPU; 8 bytes read back).
     pub async fn step_argmax(&mut self, token: u32) -> Result<u32, String> {
-        self.check_token(token)?;
-        let pos = self.tokens.len() as u32;
-        forward::record_step(&self.gpu, &self.config, &self.weights, &self.pool, &self.state, token, pos)?;
-        self.tokens.push(token);
+        self.advance(token).await?;
+        self.stats.syncs += 1;
         let bytes = self.gpu.read_back(&self.state.argmax, 8).await.map_err(|e| e.0)?;
         Ok(u32::from_le_bytes(bytes[..4].try_into().unwrap()))
     }
@@ -140,16 +276,9 @@ impl Engine {
             self.reset();
         }
         let start = self.tokens.len();
-        let mut logits = Vec::new();
-        for (i, &t) in tokens[start..].iter().enumerate() {
-            if start + i + 1 == tokens.len() {
-                logits = self.step(t).await?;
-            } else {
-                let pos = self.tokens.len() as u32;
-                forward::record_step(&self.gpu, &self.config, &self.weights, &self.pool, &self.state, t, pos)?;
-                self.tokens.push(t);
-            }
+        for &t in &tokens[start..tokens.len() - 1] {
+            self.advance(t).await?;
         }
-        Ok(logits)
+        self.step(tokens[tokens.len() - 1]).await
     }
 }

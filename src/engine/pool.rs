@@ -1,15 +1,16 @@
 //! The expert pool: GPU slots holding one routed expert each (its gate, up and down rows, one record), and
 //! the table that maps (layer, expert) to a slot. The expert kernels only ever read "slot s of the pool";
-//! filling slots is the cache's business (here: every expert resident).
+//! which expert sits where is the cache's business ([`super::cache`]). The pool is split over several
+//! buffers so no kernel binds more than the adapter allows.
 
-use super::weights::read_tensor;
 use crate::gguf::SplitModel;
-use crate::source::RangeSource;
 use crate::gpu::matvec::{Matrix, PoolChunk};
 use crate::gpu::Gpu;
 use crate::model::layout::EXPERT_TENSORS;
 use crate::model::Config;
 use crate::quant::GgmlType;
+use crate::source::RangeSource;
+use futures_util::future::LocalBoxFuture;
 
 /// Where an expert's three matrices sit inside its record (byte offsets) and their types.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -36,6 +37,101 @@ impl RecordLayout {
     }
 }
 
+/// The routed-expert tensors of every MoE layer: their record layouts and where each expert's rows are.
+#[derive(Clone, Debug)]
+pub struct ExpertTensors {
+    pub n_expert: u32,
+    /// per trunk layer; None for dense layers
+    pub layouts: Vec<Option<RecordLayout>>,
+    /// per trunk layer: (part, file offset of expert 0, bytes per expert) of gate, up and down
+    ranges: Vec<Option<[(usize, u64, u64); 3]>>,
+}
+
+impl ExpertTensors {
+    pub fn of(config: &Config, model: &SplitModel) -> Result<ExpertTensors, String> {
+        let n_expert = config.n_expert as u32;
+        let mut layouts = vec![None; config.n_layer];
+        let mut ranges = vec![None; config.n_layer];
+        for l in config.moe_layers() {
+            let find = |suffix: &str| {
+                let name = format!("blk.{l}.{suffix}");
+                model.tensor(&name).ok_or_else(|| format!("the model has no tensor {name:?}"))
+            };
+            let [g, u, d] = [find(EXPERT_TENSORS[0])?, find(EXPERT_TENSORS[1])?, find(EXPERT_TENSORS[2])?];
+            for t in [g, u, d] {
+                if !crate::gpu::dequant::gpu_readable(t.info.ty) || t.info.dims.len() != 3 || t.info.dims[2] != n_expert as u64 {
+                    return Err(format!("tensor {}: expected {} experts of a supported type, got {:?} {}", t.info.name, n_expert, t.info.dims, t.info.ty));
+                }
+            }
+            let layout = RecordLayout::new(config, g.info.ty, u.info.ty, d.info.ty);
+            let per = |t: &crate::gguf::SplitTensor| (t.part, t.file_offset, t.info.n_bytes() / n_expert as u64);
+            let r = [per(g), per(u), per(d)];
+            if r[0].2 + r[1].2 + r[2].2 != layout.bytes {
+                return Err(format!("layer {l}: expert tensors of {} bytes per expert, expected {}", r[0].2 + r[1].2 + r[2].2, layout.bytes));
+            }
+            layouts[l] = Some(layout);
+            ranges[l] = Some(r);
+        }
+        Ok(ExpertTensors { n_expert, layouts, ranges })
+    }
+
+    /// One slot size for every layer: the largest record, rounded so records start on word boundaries.
+    pub fn slot_bytes(&self) -> u64 {
+        self.layouts.iter().flatten().map(|r| r.bytes).max().unwrap_or(4).next_multiple_of(256)
+    }
+
+    pub fn moe_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.layouts.iter().enumerate().filter(|(_, l)| l.is_some()).map(|(i, _)| i)
+    }
+
+    /// Experts of every MoE layer together.
+    pub fn total(&self) -> u64 {
+        self.moe_layers().count() as u64 * self.n_expert as u64
+    }
+}
+
+/// Reads expert records (gate | up | down rows, as [`RecordLayout`] lays them out) for the cache.
+/// Object-safe so the engine does not depend on where the bytes live (a store, a GGUF file, HTTP).
+pub trait RecordReader {
+    fn describe(&self) -> String;
+    /// The records of `experts` of `layer`, in order; several are read at once where the source allows.
+    fn read<'a>(&'a self, layer: usize, experts: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<Vec<u8>>, String>>;
+}
+
+/// Records read from the model's parts (a store's part views, local files, HTTP): three ranges per record.
+pub struct PartsReader<S> {
+    pub parts: Vec<S>,
+    pub tensors: ExpertTensors,
+}
+
+impl<S: RangeSource> PartsReader<S> {
+    pub async fn read_one(&self, layer: usize, expert: u32) -> Result<Vec<u8>, String> {
+        let ranges = self.tensors.ranges.get(layer).copied().flatten().ok_or_else(|| format!("layer {layer} has no routed experts"))?;
+        if expert >= self.tensors.n_expert {
+            return Err(format!("expert {expert} of layer {layer} does not exist ({} experts)", self.tensors.n_expert));
+        }
+        let total: u64 = ranges.iter().map(|r| r.2).sum();
+        let mut record = Vec::with_capacity(total as usize);
+        for (part, base, per) in ranges {
+            let (bytes, _) = self.parts[part].read_range(base + expert as u64 * per, per).await?;
+            if bytes.len() as u64 != per {
+                return Err(format!("{}: expert {expert} of layer {layer}: read {} of {per} bytes (truncated file?)", self.parts[part].describe(), bytes.len()));
+            }
+            record.extend_from_slice(&bytes);
+        }
+        Ok(record)
+    }
+}
+
+impl<S: RangeSource> RecordReader for PartsReader<S> {
+    fn describe(&self) -> String {
+        self.parts.first().map(|p| p.describe()).unwrap_or_default()
+    }
+    fn read<'a>(&'a self, layer: usize, experts: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<Vec<u8>>, String>> {
+        Box::pin(futures_util::future::try_join_all(experts.iter().map(move |&e| self.read_one(layer, e))))
+    }
+}
+
 pub struct ExpertPool {
     pub chunks: Vec<wgpu::Buffer>,
     pub slots_per_chunk: u32,
@@ -53,28 +149,9 @@ impl ExpertPool {
         PoolChunk { buffer: &self.chunks[i], index: i as u32, slots_per_chunk: self.slots_per_chunk, slot_bytes: self.slot_bytes }
     }
 
-    /// A pool that holds every expert of every MoE layer, filled from the model.
-    pub async fn load_resident<S: RangeSource>(gpu: &Gpu, config: &Config, model: &SplitModel, max_binding: u64, parts: &[S]) -> Result<ExpertPool, String> {
-        let n_expert = config.n_expert as u32;
-        let mut layouts = vec![None; config.n_layer];
-        let mut stacks = Vec::new();
-        for l in config.moe_layers() {
-            let find = |suffix: &str| {
-                let name = format!("blk.{l}.{suffix}");
-                model.tensor(&name).ok_or_else(|| format!("the model has no tensor {name:?}"))
-            };
-            let [g, u, d] = [find(EXPERT_TENSORS[0])?, find(EXPERT_TENSORS[1])?, find(EXPERT_TENSORS[2])?];
-            for t in [g, u, d] {
-                if !crate::gpu::dequant::gpu_readable(t.info.ty) || t.info.dims.len() != 3 || t.info.dims[2] != n_expert as u64 {
-                    return Err(format!("tensor {}: expected {} experts of a supported type, got {:?} {}", t.info.name, n_expert, t.info.dims, t.info.ty));
-                }
-            }
-            layouts[l] = Some(RecordLayout::new(config, g.info.ty, u.info.ty, d.info.ty));
-            stacks.push((l, [g, u, d]));
-        }
-        // one slot size for every layer (the largest record), aligned so records start on word boundaries
-        let slot_bytes = layouts.iter().flatten().map(|r| r.bytes).max().unwrap_or(4).next_multiple_of(256);
-        let n_slots = (stacks.len() as u64 * n_expert as u64) as u32;
+    /// An empty pool of `n_slots` slots (the table maps nothing); `max_binding` caps each buffer.
+    pub fn new(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, n_slots: u32, max_binding: u64) -> Result<ExpertPool, String> {
+        let slot_bytes = tensors.slot_bytes();
         let max_chunk = max_binding.min(gpu.device.limits().max_buffer_size);
         if slot_bytes > max_chunk {
             return Err(format!("one expert record ({slot_bytes} bytes) is larger than the binding limit {max_chunk}"));
@@ -87,25 +164,54 @@ impl ExpertPool {
                 gpu.storage_buffer("expert pool", slots as u64 * slot_bytes)
             })
             .collect();
-        let mut table = vec![u32::MAX; config.n_layer * n_expert as usize];
+        let table = vec![u32::MAX; (n_layer * tensors.n_expert as usize).max(1)];
+        let table = gpu.upload("expert slot table", bytemuck::cast_slice(&table));
+        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, table, layouts: tensors.layouts.clone(), n_expert: tensors.n_expert })
+    }
+
+    /// GPU bytes of the pool (slots and table).
+    pub fn gpu_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.size()).sum::<u64>() + self.table.size()
+    }
+
+    /// Writes `record` into `slot` (queued: it lands after the work already submitted, before the next).
+    /// Returns the bytes written.
+    pub fn fill(&self, gpu: &Gpu, slot: u32, record: &[u8]) -> u64 {
+        assert!(slot < self.n_slots && record.len() as u64 <= self.slot_bytes, "slot {slot} of {}, record of {} bytes", self.n_slots, record.len());
+        let (chunk, within) = ((slot / self.slots_per_chunk) as usize, (slot % self.slots_per_chunk) as u64 * self.slot_bytes);
+        if record.len() % 4 == 0 {
+            gpu.queue.write_buffer(&self.chunks[chunk], within, record);
+        } else {
+            let mut padded = record.to_vec();
+            padded.resize(record.len().next_multiple_of(4), 0);
+            gpu.queue.write_buffer(&self.chunks[chunk], within, &padded);
+        }
+        record.len() as u64
+    }
+
+    /// Points (layer, expert) at `slot` (or at nothing with u32::MAX).
+    pub fn map(&self, gpu: &Gpu, layer: usize, expert: u32, slot: u32) {
+        let at = (layer as u64 * self.n_expert as u64 + expert as u64) * 4;
+        gpu.queue.write_buffer(&self.table, at, &slot.to_le_bytes());
+    }
+
+    /// A pool that holds every expert of every MoE layer, filled from `reader`, layer by layer.
+    pub async fn load_resident(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, max_binding: u64, reader: &dyn RecordReader) -> Result<ExpertPool, String> {
+        let pool = ExpertPool::new(gpu, tensors, n_layer, tensors.total() as u32, max_binding)?;
+        let mut table = vec![u32::MAX; (n_layer * tensors.n_expert as usize).max(1)];
         let mut slot = 0u32;
-        for (l, tensors) in &stacks {
-            let layout = layouts[*l].unwrap();
-            let offsets = [layout.gate.byte_offset, layout.up.byte_offset, layout.down.byte_offset];
-            let data = [read_tensor(parts, tensors[0]).await?, read_tensor(parts, tensors[1]).await?, read_tensor(parts, tensors[2]).await?];
-            for e in 0..n_expert {
-                let (chunk, within) = ((slot / slots_per_chunk) as usize, (slot % slots_per_chunk) as u64 * slot_bytes);
-                for (bytes, part) in data.iter().zip(offsets) {
-                    let per_expert = bytes.len() / n_expert as usize;
-                    let mut record_part = bytes[e as usize * per_expert..(e as usize + 1) * per_expert].to_vec();
-                    record_part.resize(per_expert.next_multiple_of(4), 0);
-                    gpu.queue.write_buffer(&chunks[chunk], within + part, &record_part);
+        let all: Vec<u32> = (0..tensors.n_expert).collect();
+        for l in tensors.moe_layers() {
+            // a few experts at a time, so a 512-expert layer does not sit in memory at once
+            for batch in all.chunks(16) {
+                for (record, &e) in reader.read(l, batch).await?.iter().zip(batch) {
+                    pool.fill(gpu, slot, record);
+                    table[l * tensors.n_expert as usize + e as usize] = slot;
+                    slot += 1;
                 }
-                table[*l * n_expert as usize + e as usize] = slot;
-                slot += 1;
             }
         }
-        let table = gpu.upload("expert slot table", bytemuck::cast_slice(&table));
-        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, table, layouts, n_expert })
+        gpu.queue.write_buffer(&pool.table, 0, bytemuck::cast_slice(&table));
+        Ok(pool)
     }
 }

@@ -1,18 +1,36 @@
 //! Ingest: a model's GGUF parts (from any [`RangeSource`]) into a store, resumable and verified.
 //!
 //! The parts are cut into units (runs of `unit_bytes` of one part file); several units are fetched at once and
-//! each is written where the layout says (the bytes the store does not keep go to a tail of the data file). A
-//! unit's index is appended to the journal only after its bytes are flushed, so a killed ingest resumes from the
-//! journal, refetching only the units that were in flight. When every unit is in, every part is hashed in file
-//! order from the store and checked against its size and (where known) sha256; only then is the tail cut off and
-//! the manifest marked `complete`.
+//! each is written where the layout says (the data file; the bytes the store does not keep go to the tail
+//! file). A unit's index is appended to the journal only after its bytes are flushed, so a killed ingest
+//! resumes from the journal, refetching only the units that were in flight. Every part is hashed in file order
+//! as the units arrive ([`verify`]), with the running hash saved so a resume goes on from it; a part is
+//! checked against its sha256 (where known) when its last byte is hashed. The store is marked `complete` only
+//! when every unit is in and every byte hashed — one atomic manifest write — and only then are the journal,
+//! the tail and the hash state removed (a kill before that leaves them for the next run to remove).
+//!
+//! No step leaves the files in a state a resume does not recognise: the data and tail files get their full
+//! lengths once, right after the manifest that describes them, and keep them; the journal and the hash state
+//! are only ever appended to or replaced atomically, and each is checked against the other on resume.
 
+mod journal;
+mod plan;
+mod progress;
+pub mod sha;
+mod verify;
+
+pub use progress::{Phase, Progress};
 use crate::gguf::SplitModel;
 use crate::source::{read_header, RangeSource};
-use crate::store::{read_manifest, write_manifest, Manifest, PartIdentity, StoreDir, StoreFile, StoreLayout, StoreState, DATA_FILE, JOURNAL_FILE};
+use crate::store::{
+    read_manifest, remove_ingest_files, write_manifest, IngestFiles, Manifest, PartIdentity, StoreDir, StoreFile, StoreLayout, StoreState, DATA_FILE,
+    HASH_FILE, JOURNAL_FILE, TAIL_FILE,
+};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use sha2::{Digest, Sha256};
-use std::collections::HashSet;
+use journal::Journal;
+use plan::{plan_units, Unit};
+use progress::Meter;
+use verify::{Mismatch, Verifier, VerifyError};
 
 /// The pinned Ling 3.0 Flash Q4_K_M parts (Hugging Face, fixed revision).
 pub const LING_FLASH_BASE: &str = "https://huggingface.co/inclusionAI/Ling-3.0-flash-GGUF/resolve/29edce5130491e638f3e5ebec91fa0a5ed4f780e/Q4_K_M/";
@@ -20,25 +38,6 @@ pub const LING_FLASH_PARTS: [(&str, u64, &str); 2] = [
     ("Ling-3.0-flash-Q4_K_M-00001-of-00002.gguf", 49_995_534_208, "24ff06f1ab74546a91f7c07bd725b3015896bbe9dd82ab0e5838be9ed06a6dcf"),
     ("Ling-3.0-flash-Q4_K_M-00002-of-00002.gguf", 27_014_610_464, "1a6a8c91562b817fd8ec5b250453be696b0fc209ed8f2acdb6c13f4e17f7e188"),
 ];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    Headers,
-    Fetch,
-    Verify,
-    Done,
-}
-
-#[derive(Clone, Debug)]
-pub struct Progress {
-    pub phase: Phase,
-    pub bytes_done: u64,
-    pub bytes_total: u64,
-    /// Bytes per second in this phase (this run).
-    pub rate: f64,
-    /// Seconds left in this phase, at the current rate.
-    pub eta_s: Option<f64>,
-}
 
 #[derive(Clone, Debug)]
 pub struct IngestOptions {
@@ -61,52 +60,34 @@ pub struct PartHint {
     pub sha256: Option<String>,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Unit {
-    part: usize,
-    start: u64,
-    len: u64,
+/// Turns a hashing failure into the ingest's error. A part that hashed wrong cannot say which of its units are
+/// bad, so they are all forgotten (hash state rewound to the part's start, then its journal entries dropped):
+/// the next ingest fetches that part again and keeps the others' units.
+async fn settle<D: StoreDir>(dir: &D, manifest: &Manifest, verifier: &mut Verifier, units: &[Unit], result: Result<(), VerifyError>) -> Result<(), String> {
+    let Mismatch { part, got, want } = match result {
+        Ok(()) => return Ok(()),
+        Err(VerifyError::Io(e)) => return Err(e),
+        Err(VerifyError::Mismatch(m)) => m,
+    };
+    let reset = async {
+        verifier.rewind_to_part(dir, units, part).await?;
+        Journal::forget(dir, units.len(), |u| units[u].part == part).await
+    };
+    let what = match reset.await {
+        Ok(()) => "the store was reset for this part (the next ingest fetches it again)".to_string(),
+        Err(e) => format!("resetting the store failed too ({e})"),
+    };
+    Err(format!(
+        "part {} ({}): sha256 {got}, expected {want}: the downloaded bytes are corrupt or the file is another one; {what}; the store is not complete",
+        part + 1,
+        manifest.parts[part].url
+    ))
 }
 
-fn plan_units(layout: &StoreLayout, unit_bytes: u64) -> Vec<Unit> {
-    let mut units = Vec::new();
-    for (part, &len) in layout.part_lens.iter().enumerate() {
-        let mut start = 0;
-        while start < len {
-            let n = unit_bytes.min(len - start);
-            units.push(Unit { part, start, len: n });
-            start += n;
-        }
-    }
-    units
-}
-
-/// Seconds on a monotonic-enough clock (`Instant` panics in wasm32-unknown-unknown).
-fn now_s() -> f64 {
-    #[cfg(target_arch = "wasm32")]
-    return js_sys::Date::now() / 1000.0;
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        static START: OnceLock<std::time::Instant> = OnceLock::new();
-        START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
-    }
-}
-
-struct Meter {
-    began: f64,
-    base: u64,
-}
-
-impl Meter {
-    fn new(base: u64) -> Meter {
-        Meter { began: now_s(), base }
-    }
-    fn progress(&self, phase: Phase, done: u64, total: u64) -> Progress {
-        let secs = (now_s() - self.began).max(1e-3);
-        let rate = done.saturating_sub(self.base) as f64 / secs;
-        let eta_s = (rate > 0.0).then(|| (total - done) as f64 / rate);
-        Progress { phase, bytes_done: done, bytes_total: total, rate, eta_s }
+async fn file_size<F: StoreFile>(file: &Option<F>) -> Result<Option<u64>, String> {
+    match file {
+        Some(f) => f.size().await.map(Some),
+        None => Ok(None),
     }
 }
 
@@ -122,7 +103,10 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     if options.unit_bytes == 0 || options.in_flight == 0 {
         return Err("unit size and requests in flight must be positive".into());
     }
-    on_progress(&Progress { phase: Phase::Headers, bytes_done: 0, bytes_total: 0, rate: 0.0, eta_s: None });
+    if parts.is_empty() {
+        return Err("no parts to ingest".into());
+    }
+    on_progress(&Progress::at_rest(Phase::Headers, 0, 0));
     let mut headers = Vec::new();
     for (i, s) in parts.iter().enumerate() {
         let (h, size) = read_header(s).await?;
@@ -147,12 +131,10 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     let total: u64 = layout.part_lens.iter().sum();
 
     // resume or start over
-    let mut done: HashSet<u32> = HashSet::new();
-    let existing = read_manifest(dir).await?;
     let mut resumable = false;
-    if let Some(old) = &existing {
-        let same_source = old.parts.iter().zip(&manifest.parts).all(|(a, b)| a.size == b.size && a.etag == b.etag && a.header_len == b.header_len && (a.sha256.is_none() || b.sha256.is_none() || a.sha256 == b.sha256))
-            && old.parts.len() == manifest.parts.len();
+    if let Some(old) = read_manifest(dir).await? {
+        let same_source = old.parts.len() == manifest.parts.len()
+            && old.parts.iter().zip(&manifest.parts).all(|(a, b)| a.size == b.size && a.etag == b.etag && a.header_len == b.header_len && (a.sha256.is_none() || b.sha256.is_none() || a.sha256 == b.sha256));
         if !same_source {
             return Err(format!(
                 "{}: the store holds another source (or the source changed: size or ETag differ); remove the store or use another folder",
@@ -160,50 +142,68 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
             ));
         }
         if old.state == StoreState::Complete {
-            on_progress(&Progress { phase: Phase::Done, bytes_done: total, bytes_total: total, rate: 0.0, eta_s: Some(0.0) });
-            return Ok(old.clone());
+            remove_ingest_files(dir).await?;
+            on_progress(&Progress::at_rest(Phase::Done, total, total));
+            return Ok(old);
         }
-        // a resumed ingest keeps the unit size its journal counts in
-        resumable = old.ingest_len == manifest.ingest_len && old.unit_bytes > 0;
+        // a resumed ingest keeps the unit size its journal and hash state count in
+        resumable = old.data_len == layout.data_len && old.ingest_len == layout.ingest_len && old.unit_bytes > 0;
         if resumable {
             manifest.unit_bytes = old.unit_bytes;
         }
     }
     let units = plan_units(&layout, manifest.unit_bytes);
-    let data = dir.open(DATA_FILE, true).await?.expect("created");
-    if resumable && data.size().await? == layout.ingest_len {
-        if let Some(j) = dir.read_all(JOURNAL_FILE).await? {
-            // a torn last entry (killed mid-write) is dropped
-            for c in j.chunks_exact(4) {
-                let u = u32::from_le_bytes(c.try_into().unwrap());
-                if (u as usize) < units.len() {
-                    done.insert(u);
-                }
-            }
-        }
-    } else {
-        dir.remove(JOURNAL_FILE).await?;
-        write_manifest(dir, &manifest).await?;
-        data.set_len(0).await?;
-        data.set_len(layout.ingest_len).await?;
-        data.flush().await?;
+    if units.len() > u32::MAX as usize {
+        return Err(format!("{} units of {} bytes: too many; use larger units", units.len(), manifest.unit_bytes));
     }
-    // rewrite the journal clean (drops a torn tail and duplicates), atomically
-    let clean: Vec<u8> = done.iter().flat_map(|u| u.to_le_bytes()).collect();
-    dir.write_atomic(JOURNAL_FILE, &clean).await?;
-    let journal = dir.open(JOURNAL_FILE, true).await?.expect("created");
-    let mut journal_len = clean.len() as u64;
+    let tail_len = layout.ingest_len - layout.data_len;
+    let data_size = file_size(&dir.open(DATA_FILE, false).await?).await?;
+    let tail_size = file_size(&dir.open(TAIL_FILE, false).await?).await?;
+    let in_place = resumable && data_size == Some(layout.data_len) && tail_size == Some(tail_len);
+    // the space the files still have to grow by (starting over frees what they held), before writing anything
+    let needed = if in_place { 0 } else { layout.data_len.saturating_sub(data_size.unwrap_or(0)) + tail_len.saturating_sub(tail_size.unwrap_or(0)) };
+    dir.ensure_space(needed).await?;
+    if !in_place {
+        // nothing here can be trusted: forget what vouched for old bytes, then describe the new files
+        dir.remove(JOURNAL_FILE).await?;
+        dir.remove(HASH_FILE).await?;
+        write_manifest(dir, &manifest).await?;
+    }
+    let open = |name: &'static str| async move { dir.open(name, true).await?.ok_or_else(|| format!("{}: cannot create {name}", dir.describe())) };
+    let files = IngestFiles { data: open(DATA_FILE).await?, tail: open(TAIL_FILE).await?, data_len: layout.data_len };
+    if !in_place {
+        for (file, len) in [(&files.data, layout.data_len), (&files.tail, tail_len)] {
+            file.set_len(0).await?;
+            file.set_len(len).await?;
+            file.flush().await?;
+        }
+    }
+    let (mut journal, mut done) = Journal::open(dir, units.len()).await?;
+    let expected: Vec<Option<String>> = manifest.parts.iter().map(|p| p.sha256.clone()).collect();
+    let mut verifier = Verifier::resume(dir, &layout, &units, manifest.unit_bytes, &done, &expected, options.in_flight).await?;
+
+    // a resumed ingest first hashes what it finds finished past the saved frontier (read back, not refetched)
+    if units.get(verifier.frontier()).is_some_and(|_| done.contains(&(verifier.frontier() as u32))) {
+        let mut hashed: u64 = units[..verifier.frontier()].iter().map(|u| u.len).sum();
+        let meter = Meter::new(Phase::Verify, hashed, total);
+        on_progress(&meter.at(hashed));
+        let result = verifier
+            .advance(dir, &files, &layout, &units, &done, &expected, &mut |n| {
+                hashed += n;
+                on_progress(&meter.at(hashed));
+            })
+            .await;
+        settle(dir, &manifest, &mut verifier, &units, result).await?;
+    }
 
     // fetch
-    let mut bytes_done: u64 = units.iter().enumerate().filter(|(i, _)| done.contains(&(*i as u32))).map(|(_, u)| u.len).sum();
-    let meter = Meter::new(bytes_done);
-    on_progress(&meter.progress(Phase::Fetch, bytes_done, total));
+    let mut bytes_done: u64 = done.iter().map(|&i| units[i as usize].len).sum();
+    let meter = Meter::new(Phase::Fetch, bytes_done, total);
+    on_progress(&meter.at(bytes_done));
     let todo: Vec<usize> = (0..units.len()).filter(|i| !done.contains(&(*i as u32))).collect();
-    let mut next = 0;
-    let mut running = FuturesUnordered::new();
     let fetch_one = |i: usize| {
         let u = units[i];
-        let (layout, data, src) = (&layout, &data, &parts[u.part]);
+        let (layout, files, src) = (&layout, &files, &parts[u.part]);
         async move {
             let (bytes, size) = src.read_range(u.start, u.len).await?;
             if size != layout.part_lens[u.part] {
@@ -212,65 +212,43 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
             if bytes.len() as u64 != u.len {
                 return Err(format!("{}: bytes {}..{}: got {} bytes", src.describe(), u.start, u.start + u.len, bytes.len()));
             }
-            for p in layout.pieces_in(u.part, u.start, u.len) {
-                let at = (p.file_offset - u.start) as usize;
-                data.write_at(p.store_offset, &bytes[at..at + p.len as usize]).await?;
-            }
-            Ok::<(usize, u64), String>((i, u.len))
+            files.write_part_range(layout, u.part, u.start, &bytes).await?;
+            Ok::<(usize, Vec<u8>), String>((i, bytes))
         }
     };
+    let mut next = 0;
+    let mut running = FuturesUnordered::new();
     while next < todo.len() || !running.is_empty() {
         while next < todo.len() && running.len() < options.in_flight {
             running.push(fetch_one(todo[next]));
             next += 1;
         }
-        let (i, n) = running.next().await.expect("not empty")?;
-        // the data first, then the journal entry that vouches for it
-        data.flush().await?;
-        journal.write_at(journal_len, &(i as u32).to_le_bytes()).await?;
-        journal.flush().await?;
-        journal_len += 4;
-        bytes_done += n;
-        on_progress(&meter.progress(Phase::Fetch, bytes_done, total));
+        let (i, bytes) = running.next().await.expect("not empty")?;
+        // the bytes first, then the journal entry that vouches for them
+        files.flush().await?;
+        journal.record(i as u32).await?;
+        done.insert(i as u32);
+        bytes_done += units[i].len;
+        verifier.offer(i, bytes);
+        let result = verifier.advance(dir, &files, &layout, &units, &done, &expected, &mut |_| {}).await;
+        settle(dir, &manifest, &mut verifier, &units, result).await?;
+        on_progress(&meter.at(bytes_done));
     }
+    drop(running);
 
-    // verify every byte, part by part in file order, from the store
-    let meter = Meter::new(0);
-    let mut checked = 0u64;
-    const CHUNK: u64 = 8 << 20;
-    for part in 0..manifest.parts.len() {
-        let id = manifest.parts[part].clone();
-        let mut hasher = Sha256::new();
-        let mut start = 0;
-        while start < id.size {
-            let n = CHUNK.min(id.size - start);
-            let mut buf = vec![0u8; n as usize];
-            for p in layout.pieces_in(part, start, n) {
-                let at = (p.file_offset - start) as usize;
-                data.read_at(p.store_offset, &mut buf[at..at + p.len as usize]).await?;
-            }
-            hasher.update(&buf);
-            start += n;
-            checked += n;
-            on_progress(&meter.progress(Phase::Verify, checked, total));
-        }
-        let got = format!("{:x}", hasher.finalize());
-        if let Some(want) = &id.sha256 {
-            if &got != want {
-                // the journal cannot say which units are bad: start this store over next time
-                dir.remove(JOURNAL_FILE).await?;
-                return Err(format!("{}: sha256 {got}, expected {want}: the downloaded bytes are corrupt; the store was reset", id.url));
-            }
-        }
-        if manifest.parts[part].sha256.is_none() {
-            manifest.parts[part].sha256 = Some(got);
-        }
+    // every byte is in and hashed: mark the store complete (one atomic write), then clean up
+    let digests = verifier.digests(&units).ok_or_else(|| format!("{}: every unit is in but not every byte was hashed (a bug)", dir.describe()))?;
+    for (p, got) in manifest.parts.iter_mut().zip(digests) {
+        p.sha256.get_or_insert_with(|| got.clone());
     }
-    data.set_len(layout.data_len).await?;
-    data.flush().await?;
+    let size = files.data.size().await?;
+    if size != layout.data_len {
+        return Err(format!("{}: {DATA_FILE} is {size} bytes, expected {}: the store was changed while ingesting", dir.describe(), layout.data_len));
+    }
+    drop((journal, files));
     manifest.state = StoreState::Complete;
     write_manifest(dir, &manifest).await?;
-    dir.remove(JOURNAL_FILE).await?;
-    on_progress(&Progress { phase: Phase::Done, bytes_done: total, bytes_total: total, rate: 0.0, eta_s: Some(0.0) });
+    remove_ingest_files(dir).await?;
+    on_progress(&Progress::at_rest(Phase::Done, total, total));
     Ok(manifest)
 }

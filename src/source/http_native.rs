@@ -6,19 +6,11 @@
 //! from the first answer, a body of exactly that length, and the same validator (`X-Linked-Etag`, `ETag`, or
 //! failing both `Last-Modified`) as the first answer (a changed file is refused, never mixed in). Transport errors, 5xx/429 and short bodies are retried; the rest are not.
 
+use super::remote::{check_identity, check_range, validator, RemoteIdentity};
 use super::RangeSource;
 use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// What the server said about the file on the first answer.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RemoteIdentity {
-    pub size: u64,
-    pub etag: Option<String>,
-    /// A sha256 found in `X-Linked-Etag`/`ETag` (as Hugging Face sends for LFS files).
-    pub sha256: Option<String>,
-}
 
 #[derive(Clone)]
 pub struct HttpSource {
@@ -31,23 +23,6 @@ pub struct HttpSource {
 enum Failure {
     Retry(String),
     Fatal(String),
-}
-
-/// `"abc"`, `W/"abc"` → `abc`.
-fn strip_etag(v: &str) -> String {
-    v.trim().trim_start_matches("W/").trim_matches('"').to_string()
-}
-
-fn as_sha256(etag: &str) -> Option<String> {
-    (etag.len() == 64 && etag.bytes().all(|b| b.is_ascii_hexdigit())).then(|| etag.to_ascii_lowercase())
-}
-
-/// `bytes START-END/TOTAL` → (start, end inclusive, total).
-fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
-    let rest = v.trim().strip_prefix("bytes ")?;
-    let (range, total) = rest.split_once('/')?;
-    let (a, b) = range.split_once('-')?;
-    Some((a.trim().parse().ok()?, b.trim().parse().ok()?, total.trim().parse().ok()?))
 }
 
 impl HttpSource {
@@ -112,30 +87,10 @@ impl HttpSource {
         }
         let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         let cr = header("content-range").ok_or_else(|| Failure::Fatal(format!("{url}: a 206 answer without Content-Range")))?;
-        let (a, b, total) = parse_content_range(&cr).ok_or_else(|| Failure::Fatal(format!("{url}: unreadable Content-Range {cr:?}")))?;
-        // the validator: X-Linked-Etag (Hugging Face's LFS sha256), else ETag, else Last-Modified
-        let etag = header("x-linked-etag")
-            .or_else(|| header("etag"))
-            .map(|v| strip_etag(&v))
-            .or_else(|| header("last-modified").map(|v| format!("last-modified: {v}")));
-        {
-            let mut id = self.identity.lock().unwrap();
-            match &*id {
-                None => *id = Some(RemoteIdentity { size: total, sha256: etag.as_deref().and_then(as_sha256), etag: etag.clone() }),
-                Some(known) => {
-                    if known.size != total {
-                        return Err(Failure::Fatal(format!("{url}: the file changed: it was {} bytes, the server now says {total}", known.size)));
-                    }
-                    if known.etag.is_some() && etag != known.etag {
-                        return Err(Failure::Fatal(format!("{url}: the file changed: ETag was {:?}, now {:?}", known.etag.as_deref().unwrap_or(""), etag.as_deref().unwrap_or("none"))));
-                    }
-                }
-            }
-        }
-        let want_end = end.min(total.saturating_sub(1));
-        if a != start || b != want_end {
-            return Err(Failure::Fatal(format!("{url}: asked for bytes {start}-{want_end}, the server sent Content-Range {cr:?}")));
-        }
+        let total = super::remote::parse_content_range(&cr).ok_or_else(|| Failure::Fatal(format!("{url}: unreadable Content-Range {cr:?}")))?.2;
+        let tag = validator(header("x-linked-etag"), header("etag"), header("last-modified"));
+        check_identity(&mut self.identity.lock().unwrap(), url, total, tag).map_err(Failure::Fatal)?;
+        let want_end = check_range(url, start, end, &cr, total).map_err(Failure::Fatal)?;
         let n = want_end + 1 - start;
         let mut body = Vec::with_capacity(n as usize);
         let read = resp.body_mut().as_reader().take(n + 1).read_to_end(&mut body);
@@ -178,16 +133,5 @@ impl RangeSource for HttpSource {
             return Ok((Vec::new(), self.probe().await?.size));
         }
         self.fetch_async(start, len).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    #[test]
-    fn content_range() {
-        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0, 9, 100)));
-        assert_eq!(parse_content_range("bytes */100"), None);
-        assert_eq!(as_sha256(&strip_etag("\"24ff06f1ab74546a91f7c07bd725b3015896bbe9dd82ab0e5838be9ed06a6dcf\"")).is_some(), true);
     }
 }

@@ -1,30 +1,123 @@
-//! HTTP Range requests with the browser's `fetch` (window or worker).
+//! HTTP Range requests with the browser's `fetch` (window or worker), checked like the native source's: 206
+//! with a `Content-Range` naming exactly the bytes asked for, a body of exactly that length, and the size and
+//! validator (`ETag`, …) of the first answer on every later one (a changed file is refused, never mixed in).
+//! Network errors, 5xx/429 and short bodies are retried a few times with a growing pause; the rest are not.
+//! Requests bypass the HTTP cache (`no-store`): tens of GB of model must not evict the rest of the cache.
 
+use super::remote::{check_identity, check_range, parse_content_range, validator, RemoteIdentity};
 use super::RangeSource;
-use wasm_bindgen::{JsCast, JsValue};
+use crate::js;
+use std::cell::RefCell;
+use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::JsFuture;
 
 pub struct HttpSource {
     pub url: String,
+    identity: RefCell<Option<RemoteIdentity>>,
+    signal: Option<web_sys::AbortSignal>,
+    pub retries: u32,
 }
 
-fn js_err(e: JsValue) -> String {
-    e.as_string().or_else(|| e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message()))).unwrap_or_else(|| format!("{e:?}"))
+enum Failure {
+    Retry(String),
+    Fatal(String),
 }
 
-async fn fetch(request: &web_sys::Request) -> Result<web_sys::Response, JsValue> {
-    let global = js_sys::global();
-    let promise = if let Some(w) = global.dyn_ref::<web_sys::Window>() {
-        w.fetch_with_request(request)
-    } else {
-        global.unchecked_ref::<web_sys::WorkerGlobalScope>().fetch_with_request(request)
-    };
-    Ok(JsFuture::from(promise).await?.unchecked_into())
-}
+impl HttpSource {
+    pub fn new(url: impl Into<String>) -> HttpSource {
+        HttpSource { url: url.into(), identity: RefCell::new(None), signal: None, retries: 4 }
+    }
 
-/// `bytes a-b/total` → total.
-fn content_range_total(header: &str) -> Option<u64> {
-    header.trim().strip_prefix("bytes ")?.split('/').nth(1)?.trim().parse().ok()
+    /// Requests in flight stop at once when `signal` aborts.
+    pub fn with_signal(mut self, signal: Option<web_sys::AbortSignal>) -> HttpSource {
+        self.signal = signal;
+        self
+    }
+
+    /// Pins the identity (from a manifest being resumed): an answer with another size or ETag is refused.
+    pub fn expect(&self, identity: RemoteIdentity) {
+        *self.identity.borrow_mut() = Some(identity);
+    }
+
+    /// The identity from the first answer (None before any).
+    pub fn identity(&self) -> Option<RemoteIdentity> {
+        self.identity.borrow().clone()
+    }
+
+    /// Asks for the first byte to learn the size and ETag.
+    pub async fn probe(&self) -> Result<RemoteIdentity, String> {
+        self.fetch(0, 1).await?;
+        self.identity().ok_or_else(|| format!("{}: no answer", self.url))
+    }
+
+    async fn fetch_once(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), Failure> {
+        let url = &self.url;
+        let end = start + len - 1;
+        let fatal = |e: JsValue| Failure::Fatal(format!("{url}: {}", js::message(&e)));
+        let init = web_sys::RequestInit::new();
+        let headers = web_sys::Headers::new().map_err(fatal)?;
+        headers.set("Range", &format!("bytes={start}-{end}")).map_err(fatal)?;
+        init.set_headers(&headers);
+        init.set_cache(web_sys::RequestCache::NoStore);
+        init.set_signal(self.signal.as_ref());
+        let request = web_sys::Request::new_with_str_and_init(url, &init).map_err(fatal)?;
+        let aborted = |e: &JsValue| js::error_name(e).as_deref() == Some("AbortError");
+        let response = match js::fetch(&request).await {
+            Ok(r) => r,
+            Err(e) if aborted(&e) => return Err(Failure::Fatal(format!("{url}: aborted"))),
+            // a TypeError: the network failed (or CORS refused, which a retry does not mend, but cannot be told apart)
+            Err(e) => return Err(Failure::Retry(format!("{url}: {}", js::message(&e)))),
+        };
+        let status = response.status();
+        match status {
+            206 => {}
+            429 | 500..=599 => return Err(Failure::Retry(format!("{url}: HTTP {status} for bytes {start}-{end}"))),
+            200 => {
+                return Err(Failure::Fatal(format!(
+                    "{url}: the server answered 200 (the whole file) to a Range request for bytes {start}-{end}: it does not support Range requests"
+                )))
+            }
+            416 => return Err(Failure::Fatal(format!("{url}: bytes {start}-{end} are past the end of the file (HTTP 416)"))),
+            s => return Err(Failure::Fatal(format!("{url}: HTTP {s} for bytes {start}-{end} (a Range request expects 206 Partial Content)"))),
+        }
+        let header = |name: &str| response.headers().get(name).ok().flatten();
+        let cr = header("content-range")
+            .ok_or_else(|| Failure::Fatal(format!("{url}: a 206 answer without a Content-Range the page may read (CORS: Access-Control-Expose-Headers)")))?;
+        let total = parse_content_range(&cr).ok_or_else(|| Failure::Fatal(format!("{url}: unreadable Content-Range {cr:?}")))?.2;
+        let tag = validator(header("x-linked-etag"), header("etag"), header("last-modified"));
+        check_identity(&mut self.identity.borrow_mut(), url, total, tag).map_err(Failure::Fatal)?;
+        let want_end = check_range(url, start, end, &cr, total).map_err(Failure::Fatal)?;
+        let buffer = match response.array_buffer() {
+            Ok(p) => JsFuture::from(p).await,
+            Err(e) => Err(e),
+        };
+        let buffer = match buffer {
+            Ok(b) => b,
+            Err(e) if aborted(&e) => return Err(Failure::Fatal(format!("{url}: aborted"))),
+            Err(e) => return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: the body broke off: {}", js::message(&e)))),
+        };
+        let bytes = js_sys::Uint8Array::new(&buffer).to_vec();
+        let n = want_end + 1 - start;
+        if bytes.len() as u64 != n {
+            return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: got {} bytes of {n}", bytes.len())));
+        }
+        Ok((bytes, total))
+    }
+
+    async fn fetch(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+        let mut attempt = 0;
+        loop {
+            match self.fetch_once(start, len).await {
+                Ok(v) => return Ok(v),
+                Err(Failure::Fatal(e)) => return Err(e),
+                Err(Failure::Retry(e)) if attempt >= self.retries => return Err(format!("{e} (after {} tries)", attempt + 1)),
+                Err(Failure::Retry(_)) => {
+                    js::sleep_ms(200 << attempt.min(5)).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
 }
 
 impl RangeSource for HttpSource {
@@ -32,29 +125,14 @@ impl RangeSource for HttpSource {
         self.url.clone()
     }
     async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
-        let init = web_sys::RequestInit::new();
-        let headers = web_sys::Headers::new().map_err(js_err)?;
-        headers.set("Range", &format!("bytes={}-{}", start, start + len.max(1) - 1)).map_err(js_err)?;
-        init.set_headers(&headers);
-        let request = web_sys::Request::new_with_str_and_init(&self.url, &init).map_err(js_err)?;
-        let response = fetch(&request).await.map_err(|e| format!("{}: {}", self.url, js_err(e)))?;
-        match response.status() {
-            206 => {}
-            416 => return Err(format!("{}: range {start}+{len} is past the end of the file", self.url)),
-            s => return Err(format!("{}: expected 206 Partial Content for a Range request, got HTTP {s}", self.url)),
+        if let Some(id) = self.identity() {
+            if start >= id.size || len == 0 {
+                return Ok((Vec::new(), id.size));
+            }
         }
-        let total = response
-            .headers()
-            .get("Content-Range")
-            .map_err(js_err)?
-            .and_then(|h| content_range_total(&h))
-            .ok_or_else(|| format!("{}: the 206 answer has no usable Content-Range header", self.url))?;
-        let buffer = JsFuture::from(response.array_buffer().map_err(js_err)?).await.map_err(js_err)?;
-        let bytes = js_sys::Uint8Array::new(&buffer).to_vec();
-        let expected = len.min(total.saturating_sub(start));
-        if bytes.len() as u64 != expected {
-            return Err(format!("{}: asked for {expected} bytes at {start}, got {}", self.url, bytes.len()));
+        if len == 0 {
+            return Ok((Vec::new(), self.probe().await?.size));
         }
-        Ok((bytes, total))
+        self.fetch(start, len).await
     }
 }

@@ -1,20 +1,27 @@
-//! Where model bytes come from: ranges of a local file natively, HTTP Range requests in the browser.
-//! Every source answers the same question — "bytes [start, start+len) and the file's total length" — so the
-//! header reader and (later) ingest do not care which platform they run on.
+//! Where model bytes come from: HTTP Range requests (natively and in the browser), a local file natively, a
+//! user-picked `File`/`Blob` in the browser. Every source answers the same question — "bytes
+//! [start, start+len) and the file's total length" — so the header reader and ingest do not care which
+//! platform they run on.
 
 #[cfg(target_arch = "wasm32")]
-mod http_web;
+mod blob;
 #[cfg(not(target_arch = "wasm32"))]
 mod file;
 #[cfg(not(target_arch = "wasm32"))]
 mod http_native;
+#[cfg(target_arch = "wasm32")]
+mod http_web;
+mod remote;
 
 #[cfg(target_arch = "wasm32")]
-pub use http_web::HttpSource;
+pub use blob::BlobSource;
 #[cfg(not(target_arch = "wasm32"))]
 pub use file::FileSource;
 #[cfg(not(target_arch = "wasm32"))]
-pub use http_native::{HttpSource, RemoteIdentity};
+pub use http_native::HttpSource;
+#[cfg(target_arch = "wasm32")]
+pub use http_web::HttpSource;
+pub use remote::RemoteIdentity;
 
 use crate::gguf::{parse_header, split_part_names, GgufError, Header, SplitModel};
 
@@ -25,6 +32,16 @@ pub trait RangeSource {
     fn describe(&self) -> String;
     /// Reads `len` bytes at `start` (fewer only at the end of the file) and returns them with the total length.
     async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String>;
+}
+
+/// A borrowed source reads like the source itself (so a slice of parts can be read without moving them).
+impl<S: RangeSource> RangeSource for &S {
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+        (**self).read_range(start, len).await
+    }
 }
 
 /// First read of a header: enough for the tiny model and most of a real one's vocabulary.

@@ -65,7 +65,7 @@ impl StoreDir for FsDir {
     }
     async fn write_atomic(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
         let path = self.path.join(name);
-        let tmp = self.path.join(format!("{name}.tmp"));
+        let tmp = self.path.join(super::temporary_name(name));
         let err = |e: std::io::Error| format!("{}: {e}", tmp.display());
         {
             let mut f = File::create(&tmp).map_err(err)?;

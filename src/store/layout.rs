@@ -2,9 +2,9 @@
 //!
 //! Data file: each part's header bytes, then the dense tensors (global and trunk, in GGUF order), then the
 //! expert records (layer by layer, expert by expert: gate rows | up rows | down rows; one record size per
-//! layer), then a tail holding every other byte of the parts (MTP block, alignment padding). The tail exists
-//! only while ingesting, so every downloaded byte can be hashed in file order from the store; it is cut off
-//! when the store is complete.
+//! layer). Store offsets from `data_len` on number the tail: every other byte of the parts (MTP block,
+//! alignment padding), kept in its own file only while ingesting so every downloaded byte can be hashed in
+//! file order from the store; it is removed when the store is complete.
 
 use super::StoreFile;
 use crate::gguf::SplitModel;
@@ -58,7 +58,7 @@ pub struct StoreLayout {
     pub experts: Vec<ExpertRecords>,
     /// Length of the data file when complete (headers, dense tensors and records).
     pub data_len: u64,
-    /// Length while ingesting (with the tail of bytes the store does not keep).
+    /// `data_len` plus the tail's length (the bytes the store does not keep; the tail file while ingesting).
     pub ingest_len: u64,
     /// Every byte of every part, sorted by (part, file_offset), covering each part exactly.
     pub pieces: Vec<Piece>,

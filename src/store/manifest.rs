@@ -8,7 +8,7 @@ pub const FORMAT_VERSION: u32 = 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreState {
-    /// Being written: the data file may hold unfinished units (the journal says which are finished).
+    /// Being written: the data and tail files may hold unfinished units (the journal says which are finished).
     Ingesting,
     /// Every unit written and every byte checked against the source's sizes (and sha256 where known).
     Complete,
@@ -37,7 +37,7 @@ pub struct Manifest {
     pub experts: Vec<ExpertRecords>,
     /// Data file length when complete.
     pub data_len: u64,
-    /// Data file length while ingesting.
+    /// Data file length plus the tail file's (while ingesting).
     pub ingest_len: u64,
 }
 

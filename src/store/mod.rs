@@ -2,24 +2,53 @@
 //! and one record per (layer, expert) holding that expert's gate, up and down rows — in one data file beside a
 //! manifest. The layout is derived from the GGUF headers alone ([`StoreLayout::from_model`]), so ingest and
 //! load agree. Files are reached through [`StoreDir`]/[`StoreFile`], the one place where platforms differ
-//! (native file system here; OPFS in the browser later).
+//! (the native file system, OPFS in the browser).
 
+mod files;
 #[cfg(not(target_arch = "wasm32"))]
 mod fs;
 mod layout;
 mod manifest;
+#[cfg(target_arch = "wasm32")]
+mod opfs;
 
+pub use files::IngestFiles;
 #[cfg(not(target_arch = "wasm32"))]
 pub use fs::{FsDir, FsFile};
 pub use layout::{Piece, StoreLayout, StorePartView};
 pub use manifest::{Manifest, PartIdentity, StoreState, FORMAT_VERSION};
+#[cfg(target_arch = "wasm32")]
+pub use opfs::{check_quota, estimate, persist, Access, OpfsDir, OpfsFile, STORES_FOLDER};
 
-/// Name of the data file inside a store.
+/// Name of the data file inside a store: headers, dense tensors, expert records (`data_len` bytes, always).
 pub const DATA_FILE: &str = "data.bin";
 /// Name of the manifest inside a store.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// Name of the ingest journal (finished unit indices, little-endian u32 each).
 pub const JOURNAL_FILE: &str = "journal.bin";
+/// Bytes of the parts that the store does not keep (MTP block, padding), held only while ingesting so every
+/// byte can be hashed in file order; at `store_offset - data_len` (the layout numbers them after the data).
+pub const TAIL_FILE: &str = "tail.bin";
+/// The ingest's running sha256 (how far in file order every part is hashed), so a resume goes on from there.
+pub const HASH_FILE: &str = "hash.json";
+/// Files that exist only while ingesting; a complete store has none of them.
+pub const INGEST_FILES: [&str; 3] = [JOURNAL_FILE, TAIL_FILE, HASH_FILE];
+
+/// Where [`StoreDir::write_atomic`] writes a file's next contents before they replace it (a kill can leave
+/// one behind; [`remove_ingest_files`] clears them).
+pub fn temporary_name(name: &str) -> String {
+    format!("{name}.tmp")
+}
+
+/// Removes what an ingest leaves beside a complete store (the journal, the tail, the hash state and
+/// unfinished atomic writes): a kill between marking the store complete and cleaning up leaves them.
+pub async fn remove_ingest_files<D: StoreDir>(dir: &D) -> Result<(), String> {
+    for name in INGEST_FILES {
+        dir.remove(name).await?;
+        dir.remove(&temporary_name(name)).await?;
+    }
+    dir.remove(&temporary_name(MANIFEST_FILE)).await
+}
 
 /// A file of a store: positioned reads and writes.
 #[allow(async_fn_in_trait)]
@@ -44,8 +73,15 @@ pub trait StoreDir {
     async fn remove(&self, name: &str) -> Result<(), String>;
     /// Writes a whole small file atomically: a reader sees the old contents or the new, never a mix.
     async fn write_atomic(&self, name: &str, bytes: &[u8]) -> Result<(), String>;
-    /// Reads a whole small file; `None` when absent.
+    /// Reads a whole small file; `None` when absent (or, where the platform makes a file before its first
+    /// atomic write commits, empty — OPFS).
     async fn read_all(&self, name: &str) -> Result<Option<Vec<u8>>, String>;
+    /// Fails with a clear error when fewer than `bytes` more can be stored here (checked before an ingest
+    /// writes anything). Where the platform cannot tell, it lets the writes find out.
+    async fn ensure_space(&self, bytes: u64) -> Result<(), String> {
+        let _ = bytes;
+        Ok(())
+    }
 }
 
 /// Reads a store's manifest; `None` when there is none.
@@ -75,7 +111,7 @@ where
 {
     let m = read_manifest(dir).await?.ok_or_else(|| format!("{}: no store here (no {MANIFEST_FILE})", dir.describe()))?;
     if m.state != StoreState::Complete {
-        return Err(format!("{}: the store is not complete (state {:?}): run `lingtab ingest` again to finish it", dir.describe(), m.state));
+        return Err(format!("{}: the store is not complete (an ingest into it was interrupted or failed): ingest into it again to finish it", dir.describe()));
     }
     let data = dir.open(DATA_FILE, false).await?.ok_or_else(|| format!("{}: {DATA_FILE} is missing", dir.describe()))?;
     let size = data.size().await?;
@@ -94,6 +130,8 @@ where
     if layout.data_len != m.data_len {
         return Err(format!("{}: the layout from the headers ({} bytes) disagrees with the manifest ({})", dir.describe(), layout.data_len, m.data_len));
     }
+    // a kill after the store was marked complete can leave the ingest's files; loading does not need them gone
+    let _ = remove_ingest_files(dir).await;
     let views = (0..model.parts.len()).map(|i| StorePartView::new(layout.clone(), i, data.clone(), dir.describe())).collect();
     Ok((model, views))
 }

@@ -41,6 +41,9 @@ pub struct TinyOptions {
     pub vocab: usize,
     pub context_length: usize,
     pub parts: usize,
+    /// Routing skew: 0 leaves `exp_probs_b` small and uniform; s > 0 adds s·ln(E/(1+rank))/ln(E) to each
+    /// expert's bias (rank: a seeded shuffle per layer), so a few experts are hot, as real MoE routing is.
+    pub expert_skew: f32,
 }
 
 impl TinyOptions {
@@ -69,6 +72,7 @@ impl TinyOptions {
             vocab: 3584,
             context_length: 8192,
             parts: 2,
+            expert_skew: 0.0,
         }
     }
     /// Ling 3.0 Flash widths: H 2560, 32×128 KDA heads, MLA 512+64, 512 experts of 768, top-8, vocab 157184.
@@ -139,6 +143,8 @@ enum Init {
     /// 0.4·N(0, 1), plus 1 on the current-token tap (the last of each channel's taps).
     ConvTaps { kernel: usize },
     Gaussian { std: f64 },
+    /// Gaussian plus the routing skew of [`TinyOptions::expert_skew`].
+    SkewedBias { std: f64 },
 }
 
 struct Planned {
@@ -290,7 +296,7 @@ impl TinyModel {
             } else {
                 block.extend([
                     ("ffn_gate_inp.weight", vec![h, e], f32t, normal(1.0)),
-                    ("exp_probs_b.bias", vec![e], f32t, Init::Gaussian { std: 0.08 }),
+                    ("exp_probs_b.bias", vec![e], f32t, if o.expert_skew > 0.0 { Init::SkewedBias { std: 0.08 } } else { Init::Gaussian { std: 0.08 } }),
                     ("ffn_gate_exps.weight", vec![h, fe, e], q4, normal(1.0)),
                     ("ffn_up_exps.weight", vec![h, fe, e], q4, normal(1.0)),
                     ("ffn_down_exps.weight", vec![fe, h, e], down_ty, residual),
@@ -336,6 +342,19 @@ impl TinyModel {
                 (0..n).map(|_| (rng.normal() * std) as f32).collect()
             }
             Init::Gaussian { std } => (0..n).map(|_| (rng.normal() * std) as f32).collect(),
+            Init::SkewedBias { std } => {
+                let mut values: Vec<f32> = (0..n).map(|_| (rng.normal() * std) as f32).collect();
+                // a seeded shuffle gives each expert its popularity rank (hot experts spread over the groups)
+                let mut rank: Vec<usize> = (0..n as usize).collect();
+                for i in (1..rank.len()).rev() {
+                    rank.swap(i, (rng.uniform() * (i + 1) as f64) as usize % (i + 1));
+                }
+                let ln_e = (n as f64).ln();
+                for (v, r) in values.iter_mut().zip(rank) {
+                    *v += (self.options.expert_skew as f64 * (n as f64 / (1 + r) as f64).ln() / ln_e) as f32;
+                }
+                values
+            }
             Init::NormWeight => (0..n).map(|_| (1.0 + 0.1 * rng.normal()) as f32).collect(),
             Init::Uniform { lo, hi } => (0..n).map(|_| (lo + (hi - lo) * rng.uniform()) as f32).collect(),
             Init::ConvTaps { kernel } => {

@@ -20,6 +20,8 @@ use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
+pub mod store;
+
 #[wasm_bindgen(start)]
 fn start() {
     console_error_panic_hook::set_once();
@@ -30,7 +32,9 @@ const TYPES: &str = r#"
 /** Where the model comes from and how to load it. */
 export interface LoadOptions {
   /** URL of the first GGUF part (the others are found by their -0000N-of-0000M names), or every part's URL. */
-  model: string | string[];
+  model?: string | string[];
+  /** Instead of `model`: the name of a complete store (see `ingest`), loaded from OPFS without the network. */
+  store?: string;
   /** Context length in tokens (default: the model's, at most 4096). */
   contextLength?: number;
   /** Largest buffer a kernel may bind, in bytes (default: the adapter's limit). */
@@ -112,6 +116,35 @@ export interface EngineStats {
   tokensPerSecond: number;
   /** Prompt tokens per second in the last generation. */
   promptTokensPerSecond: number;
+  /** The expert cache since the load ("resident" policy: every expert on the GPU, nothing streamed). */
+  experts: ExpertCacheStats;
+  /** GPU memory by what it holds. */
+  gpuBytes: { denseWeights: number; expertPool: number; states: number };
+}
+
+export interface ExpertCacheStats {
+  policy: string;
+  poolSlots: number;
+  slotBytes: number;
+  /** Steps run (prompt and generated tokens). */
+  tokens: number;
+  hits: number;
+  misses: number;
+  evictions: number;
+  /** hits / (hits + misses) */
+  hitRate: number;
+  /** Per trunk layer (dense layers stay 0). */
+  layerHits: number[];
+  layerMisses: number[];
+  bytesRead: number;
+  bytesUploaded: number;
+  /** Seconds reading records, uploading them, and waiting for the GPU's routing. */
+  readS: number;
+  uploadS: number;
+  waitS: number;
+  /** GPU↔CPU round trips and command submissions. */
+  syncs: number;
+  submits: number;
 }
 "#;
 
@@ -150,7 +183,7 @@ pub async fn adapter_info() -> Result<JsValue, JsError> {
 /// model: architecture, config, parts, tensors and byte totals (the object `lingtab inspect --json` prints).
 #[wasm_bindgen(js_name = inspectModel)]
 pub async fn inspect_model(first_part_url: String) -> Result<JsValue, JsError> {
-    let model = source::open_model(&first_part_url, |url| Ok(HttpSource { url: url.to_string() })).await.map_err(|e| js_error(&e))?;
+    let model = source::open_model(&first_part_url, |url| Ok(HttpSource::new(url))).await.map_err(|e| js_error(&e))?;
     to_js(&summary(&model, false).map_err(|e| js_error(&e))?)
 }
 
@@ -164,6 +197,8 @@ struct Stats {
     generated_tokens: usize,
     tokens_per_second: f64,
     prompt_tokens_per_second: f64,
+    experts: serde_json::Value,
+    gpu_bytes: Option<crate::engine::GpuBytes>,
 }
 
 /// A loaded model, ready to generate. One generation at a time.
@@ -273,14 +308,27 @@ fn parse_generate_options(options: &JsValue) -> Result<GenerateOptions, JsError>
 
 #[wasm_bindgen]
 impl Engine {
-    /// Loads a model: reads its GGUF headers and weights over HTTP Range requests onto the WebGPU device.
+    /// Loads a model onto the WebGPU device: its GGUF headers and weights over HTTP Range requests (`model`), or
+    /// from a complete OPFS store without the network (`store`).
     #[wasm_bindgen(unchecked_return_type = "Engine")]
     pub async fn load(#[wasm_bindgen(unchecked_param_type = "LoadOptions")] options: JsValue) -> Result<Engine, JsError> {
-        let model_opt = get(&options, "model").ok_or_else(|| js_error("Engine.load: options.model (the URL of the first GGUF part) is required"))?;
-        let urls: Vec<String> = if let Some(s) = model_opt.as_string() {
-            crate::gguf::split_part_names(&s).map_err(|e| js_error(e.to_string()))?
-        } else {
-            serde_wasm_bindgen::from_value(model_opt).map_err(|_| js_error("options.model must be a URL or an array of URLs"))?
+        let store_name = match get(&options, "store") {
+            None => None,
+            Some(v) => Some(v.as_string().ok_or_else(|| js_error("options.store must be the name of a store"))?),
+        };
+        let model_opt = get(&options, "model");
+        if store_name.is_some() && model_opt.is_some() {
+            return Err(js_error("Engine.load: give options.model or options.store, not both"));
+        }
+        let urls: Vec<String> = match (&model_opt, &store_name) {
+            (_, Some(_)) => Vec::new(),
+            (None, None) => {
+                return Err(js_error("Engine.load: options.model (the URL of the first GGUF part) or options.store (the name of a complete store) is required"))
+            }
+            (Some(m), None) => match m.as_string() {
+                Some(s) => crate::gguf::split_part_names(&s).map_err(|e| js_error(e.to_string()))?,
+                None => serde_wasm_bindgen::from_value(m.clone()).map_err(|_| js_error("options.model must be a URL or an array of URLs"))?,
+            },
         };
         let signal = get(&options, "signal");
         let on_progress = get(&options, "onProgress").and_then(|f| f.dyn_into::<js_sys::Function>().ok());
@@ -294,6 +342,13 @@ impl Engine {
         };
         engine_options.n_ctx = positive("contextLength")?.map(|x| x as usize);
         engine_options.max_binding = positive("maxBindingBytes")?;
+        engine_options.pool_bytes = positive("poolBytes")?;
+        engine_options.gpu_budget_bytes = positive("gpuBudgetBytes")?;
+        if let Some(p) = get(&options, "policy") {
+            let p = p.as_string().ok_or_else(|| js_error("options.policy must be \"lru\", \"hot\" or \"hot:DECAY\""))?;
+            engine_options.policy = Some(crate::engine::Policy::parse(&p).map_err(js_error)?);
+        }
+        let streams = engine_options.pool_bytes.is_some() || engine_options.gpu_budget_bytes.is_some();
 
         let report = |phase: &str, loaded: u64, total: u64| {
             if let Some(f) = &on_progress {
@@ -308,23 +363,40 @@ impl Engine {
             return Err(js_error("Engine.load was aborted"));
         }
         report("header", 0, 0);
-        let first = urls.first().ok_or_else(|| js_error("options.model lists no URL"))?.clone();
-        let by_name = urls.clone();
-        let model = source::open_model(&first, |url| {
-            // when every part was given, use them in order rather than derived names
-            let i = crate::gguf::split_part_names(&first).ok().and_then(|names| names.iter().position(|n| n == url));
-            Ok(HttpSource { url: i.and_then(|i| by_name.get(i).cloned()).unwrap_or_else(|| url.to_string()) })
-        })
-        .await
-        .map_err(js_error)?;
+        // a complete store: headers and weights from OPFS, no network
+        let (model, from_store) = match &store_name {
+            Some(name) => {
+                let (model, views) = store::open_store(name).await?;
+                (model, Some(views))
+            }
+            None => {
+                let first = urls.first().ok_or_else(|| js_error("options.model lists no URL"))?.clone();
+                let by_name = urls.clone();
+                let model = source::open_model(&first, |url| {
+                    // when every part was given, use them in order rather than derived names
+                    let i = crate::gguf::split_part_names(&first).ok().and_then(|names| names.iter().position(|n| n == url));
+                    Ok(HttpSource::new(i.and_then(|i| by_name.get(i).cloned()).unwrap_or_else(|| url.to_string())))
+                })
+                .await
+                .map_err(js_error)?;
+                (model, None)
+            }
+        };
         let totals = crate::model::layout::Totals::of(&crate::model::Config::from_header(model.header()).map_err(|e| js_error(e.to_string()))?, &model);
-        let total = totals.dense_bytes + totals.expert_bytes;
+        // a streaming pool reads experts as the router asks, not at load
+        let total = totals.dense_bytes + if streams { 0 } else { totals.expert_bytes };
         let loaded = Rc::new(RefCell::new(0u64));
+        // the same sources serve the expert cache after the load: progress and the load's signal end with it
+        let loading = Rc::new(std::cell::Cell::new(true));
         let on_read: Rc<dyn Fn(u64) -> Result<(), String>> = {
             let loaded = loaded.clone();
             let signal = signal.clone();
             let on_progress = on_progress.clone();
+            let loading = loading.clone();
             Rc::new(move |n| {
+                if !loading.get() {
+                    return Ok(());
+                }
                 *loaded.borrow_mut() += n;
                 if let Some(f) = &on_progress {
                     let ev = js_sys::Object::new();
@@ -336,10 +408,20 @@ impl Engine {
                 if aborted(&signal) { Err("Engine.load was aborted".to_string()) } else { Ok(()) }
             })
         };
-        let parts: Vec<Tracked<HttpSource>> = urls.iter().map(|url| Tracked { inner: HttpSource { url: url.clone() }, on_read: on_read.clone() }).collect();
         let gpu = Gpu::new().await.map_err(|e| js_error(e.0))?;
         let adapter = gpu.summary.to_string();
-        let engine = crate::engine::Engine::load(gpu, &model, &parts, &engine_options).await.map_err(js_error)?;
+        let engine = match from_store {
+            Some(views) => {
+                let parts: Vec<_> = views.into_iter().map(|inner| Tracked { inner, on_read: on_read.clone() }).collect();
+                crate::engine::Engine::open(gpu, &model, parts, &engine_options).await
+            }
+            None => {
+                let parts: Vec<Tracked<HttpSource>> = urls.iter().map(|url| Tracked { inner: HttpSource::new(url.clone()), on_read: on_read.clone() }).collect();
+                crate::engine::Engine::open(gpu, &model, parts, &engine_options).await
+            }
+        }
+        .map_err(js_error)?;
+        loading.set(false);
         let tokenizer = Tokenizer::from_header(model.header()).map_err(|e| js_error(e.to_string()))?;
         let stats = Stats { adapter, context_length: engine.n_ctx, ..Default::default() };
         Ok(Engine { session: Rc::new(RefCell::new(Some(Session::new(engine, tokenizer)))), stats: Rc::new(RefCell::new(stats)), disposed: Rc::new(RefCell::new(false)) })
@@ -406,6 +488,13 @@ impl Engine {
         let mut stats = self.stats.borrow().clone();
         if let Some(session) = self.session.borrow().as_ref() {
             stats.position = session.engine.position();
+            let cache = session.engine.stats();
+            let mut experts = serde_json::to_value(cache).map_err(|e| js_error(e.to_string()))?;
+            experts["hitRate"] = cache.hit_rate().into();
+            self.stats.borrow_mut().experts = experts.clone();
+            stats.experts = experts;
+            stats.gpu_bytes = Some(session.engine.gpu_bytes());
+            self.stats.borrow_mut().gpu_bytes = stats.gpu_bytes.clone();
         }
         to_js(&stats)
     }

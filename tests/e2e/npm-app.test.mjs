@@ -49,6 +49,23 @@ test("a web app streams a reply through the npm package", { timeout: 900_000 }, 
     // the worker client gives the same greedy tokens
     assert.deepEqual(r.worker.tokens, r.greedy.tokens.slice(0, r.worker.tokens.length));
     assert.ok(r.worker.tokens.length >= 1 && r.workerStats.generatedTokens >= 1);
+    // a store made by WorkerEngine.ingest gives the same greedy tokens, is listed, and is deleted
+    assert.equal(r.ingest.state, "complete", JSON.stringify(r.ingest));
+    assert.deepEqual(r.ingestPhases, ["headers", "fetch", "done"]);
+    assert.equal(r.ingest.parts.length, 2);
+    assert.deepEqual(r.storeGreedy.tokens, r.greedy.tokens.slice(0, r.storeGreedy.tokens.length));
+    assert.ok(r.storeGreedy.tokens.length >= 1);
+    // worker terminated mid-fetch three times: each run resumes from at least what the last one reported done
+    // (no finished unit is fetched again), and the store ends byte-identical to the uninterrupted one
+    const k = r.killed;
+    assert.equal(k.state, "complete");
+    for (let i = 1; i < k.resumes.length; i++) {
+      assert.ok(k.resumes[i].first >= k.resumes[i - 1].last && k.resumes[i].first > 0, `resume ${i}: ${JSON.stringify(k.resumes)}`);
+    }
+    assert.deepEqual(k.same, { "data.bin": true, "manifest.json": true, manifestSha: true }, JSON.stringify(k));
+    assert.equal(r.listed?.state, "complete");
+    assert.equal(r.deleted, true);
+    assert.equal(r.afterDelete, null);
     console.log(`npm app: greedy ${JSON.stringify(r.greedy.tokens)} (${r.greedy.finish}), ${JSON.stringify(r.stats)}`);
   } finally {
     await browser.close();

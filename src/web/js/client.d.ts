@@ -1,8 +1,13 @@
-import type { ChatMessage, EngineStats, GenerateEvent, GenerateOptions, LoadOptions } from "./lingtab.js";
+import type { ChatMessage, EngineStats, GenerateEvent, GenerateOptions, IngestOptions, LoadOptions, StoreSummary } from "./lingtab.js";
 
 /** The Engine API with the engine in a dedicated worker (the page never waits on the GPU). */
 export declare class WorkerEngine {
   static load(options: LoadOptions): Promise<WorkerEngine>;
+  /** `ingest` in a worker of its own (OPFS sync access handles); onProgress and signal stay on this side. */
+  static ingest(options: IngestOptions): Promise<StoreSummary>;
+  static listStores(): Promise<StoreSummary[]>;
+  static storeInfo(name: string): Promise<StoreSummary | null>;
+  static deleteStore(name: string): Promise<boolean>;
   generate(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<GenerateEvent>;
   stats(): Promise<EngineStats>;
   reset(): Promise<void>;

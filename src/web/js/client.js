@@ -1,7 +1,8 @@
 // The main-thread side of lingtab-worker.js: the same API as Engine, with the engine in a dedicated worker.
 //
 //   import { WorkerEngine } from "lingtab/lingtab-client.js";
-//   const engine = await WorkerEngine.load({ model, onProgress });
+//   await WorkerEngine.ingest({ model, store: "ling", onProgress });   // once: the GGUF parts into OPFS
+//   const engine = await WorkerEngine.load({ store: "ling", onProgress });
 //   for await (const ev of engine.generate(messages, { signal })) …
 export class WorkerEngine {
   #worker;
@@ -18,7 +19,7 @@ export class WorkerEngine {
 
   /** Starts a worker and loads the model in it (options as Engine.load; functions stay on this side). */
   static async load(options) {
-    const worker = new Worker(new URL("./lingtab-worker.js", import.meta.url), { type: "module" });
+    const worker = WorkerEngine.#spawn();
     const engine = new WorkerEngine(worker);
     const { onProgress, signal, ...rest } = options ?? {};
     const id = engine.#id();
@@ -34,6 +35,30 @@ export class WorkerEngine {
     }
     return engine;
   }
+
+  /** Ingests a model into an OPFS store, as ingest, in a worker of its own (where OPFS has sync access
+   *  handles); onProgress and signal stay on this side. Resolves to the store's summary. */
+  static ingest(options) {
+    const { onProgress, signal, ...rest } = options ?? {};
+    if (signal?.aborted) return Promise.reject(new Error("ingest was aborted before it began"));
+    return WorkerEngine.#oneShot(async (w) => {
+      const id = w.#id();
+      const onAbort = () => w.#post({ id: w.#id(), type: "abort", target: id });
+      signal?.addEventListener("abort", onAbort, { once: true });
+      try {
+        return await w.#request(id, { type: "ingest", options: rest }, (m) => m.type === "progress" && onProgress?.(m.progress));
+      } finally {
+        signal?.removeEventListener("abort", onAbort);
+      }
+    });
+  }
+
+  /** Every store in this origin's OPFS, as listStores. */
+  static listStores() { return WorkerEngine.#oneShot((w) => w.#request(w.#id(), { type: "listStores" })); }
+  /** One store's summary or null, as storeInfo. */
+  static storeInfo(name) { return WorkerEngine.#oneShot((w) => w.#request(w.#id(), { type: "storeInfo", name })); }
+  /** Deletes a store, as deleteStore (fails while an engine loaded from it is alive). */
+  static deleteStore(name) { return WorkerEngine.#oneShot((w) => w.#request(w.#id(), { type: "deleteStore", name })); }
 
   /** Streams a reply, as Engine.generate. */
   generate(messages, options) {
@@ -71,6 +96,17 @@ export class WorkerEngine {
   async dispose() {
     await this.#request(this.#id(), { type: "dispose" });
     this.#worker.terminate();
+  }
+
+  static #spawn() { return new Worker(new URL("./lingtab-worker.js", import.meta.url), { type: "module" }); }
+  /** Runs one request in a worker started for it, ended after it. */
+  static async #oneShot(run) {
+    const w = new WorkerEngine(WorkerEngine.#spawn());
+    try {
+      return await run(w);
+    } finally {
+      w.#worker.terminate();
+    }
   }
 
   #id() { return this.#next++; }

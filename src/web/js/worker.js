@@ -1,7 +1,8 @@
 // lingtab in a dedicated worker: the engine runs here, so the page's main thread never waits on the GPU or the
-// network. Messages in: {id, type: "load"|"generate"|"abort"|"stats"|"reset"|"dispose", ...}; messages out:
-// {id, type: "progress"|"event"|"done"|"error", ...}. The main-thread side is lingtab-client.js.
-import init, { Engine } from "./lingtab.js";
+// network, and OPFS stores are written through sync access handles (which only workers have). Messages in:
+// {id, type: "load"|"generate"|"abort"|"stats"|"reset"|"dispose"|"ingest"|"listStores"|"storeInfo"|"deleteStore", ...};
+// messages out: {id, type: "progress"|"event"|"done"|"error", ...}. The main-thread side is lingtab-client.js.
+import init, { Engine, ingest, listStores, storeInfo, deleteStore } from "./lingtab.js";
 
 let engine = null;
 const aborts = new Map(); // generation id → AbortController
@@ -39,6 +40,30 @@ self.onmessage = async ({ data }) => {
         }
         return reply(id, "done");
       }
+      case "ingest": {
+        await init();
+        const controller = new AbortController();
+        aborts.set(id, controller);
+        try {
+          const value = await ingest({
+            ...data.options,
+            signal: controller.signal,
+            onProgress: (progress) => reply(id, "progress", { progress }),
+          });
+          return reply(id, "done", { value });
+        } finally {
+          aborts.delete(id);
+        }
+      }
+      case "listStores":
+        await init();
+        return reply(id, "done", { value: await listStores() });
+      case "storeInfo":
+        await init();
+        return reply(id, "done", { value: await storeInfo(data.name) });
+      case "deleteStore":
+        await init();
+        return reply(id, "done", { value: await deleteStore(data.name) });
       case "abort":
         aborts.get(data.target)?.abort();
         return reply(id, "done");

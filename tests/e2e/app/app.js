@@ -19,6 +19,52 @@ async function collect(engine, messages, options, onToken) {
   return { tokens, text, reasoning, finish };
 }
 
+/** SHA-256 (hex) of a file of an OPFS store, read straight from OPFS. */
+async function storeFileSha(store, file) {
+  const root = await navigator.storage.getDirectory();
+  const dir = await (await root.getDirectoryHandle("lingtab-stores")).getDirectoryHandle(store);
+  const bytes = await (await (await dir.getFileHandle(file)).getFile()).arrayBuffer();
+  return [...new Uint8Array(await crypto.subtle.digest("SHA-256", bytes))].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** Ingests into a new store with the worker terminated mid-fetch three times, then resumed to the end; returns
+ *  what each resume started from and whether the files equal those of `reference` (an uninterrupted ingest). */
+async function killedIngests(model, reference) {
+  const store = `${reference}-killed`;
+  const options = { model, store, unitBytes: 1 << 20 };
+  const resumes = [];
+  for (const after of [2, 6, 11]) {
+    // the worker entry itself, so the page can terminate it (what closing the tab does)
+    const worker = new Worker(new URL("/node_modules/lingtab/lingtab-worker.js", location.href), { type: "module" });
+    const seen = await new Promise((resolve, reject) => {
+      let fetches = 0, first = null, last = 0;
+      worker.onmessage = ({ data }) => {
+        if (data.type === "error") return reject(new Error(data.message));
+        if (data.type === "done") return reject(new Error("the ingest finished before it was terminated"));
+        const p = data.progress;
+        if (p.phase !== "fetch") return;
+        first ??= p.bytesDone;
+        last = p.bytesDone;
+        if (++fetches === after) { worker.terminate(); resolve({ first, last }); }
+      };
+      worker.postMessage({ id: 1, type: "ingest", options });
+    });
+    resumes.push(seen);
+  }
+  const phases = [];
+  let resumedFrom = null;
+  const summary = await WorkerEngine.ingest({ ...options, onProgress: (p) => {
+    phases.push(p.phase);
+    if (p.phase === "fetch") resumedFrom ??= p.bytesDone;
+  } });
+  resumes.push({ first: resumedFrom, last: summary.modelBytes });
+  const same = {};
+  for (const f of ["data.bin", "manifest.json"]) same[f] = (await storeFileSha(store, f)) === (await storeFileSha(reference, f));
+  same.manifestSha = JSON.stringify(summary.parts.map((p) => p.sha256)) === JSON.stringify((await WorkerEngine.storeInfo(reference)).parts.map((p) => p.sha256));
+  await WorkerEngine.deleteStore(store);
+  return { resumes, same, state: summary.state, phases: [...new Set(phases)] };
+}
+
 try {
   await init();
   const model = new URL(new URLSearchParams(location.search).get("model"), location.href).href;
@@ -53,6 +99,19 @@ try {
   results.worker = await collect(worker, messages, { maxTokens: 2, temperature: 0, thinking: false });
   results.workerStats = await worker.stats();
   await worker.dispose();
+
+  // a store: ingested in a worker (OPFS sync access handles), loaded without the network, listed, deleted
+  const store = `e2e-${Date.now()}`;
+  const phases = [];
+  results.ingest = await WorkerEngine.ingest({ model, store, unitBytes: 1 << 20, onProgress: (p) => phases.push(p.phase) });
+  results.ingestPhases = [...new Set(phases)];
+  const fromStore = await WorkerEngine.load({ store });
+  results.storeGreedy = await collect(fromStore, messages, { maxTokens: 2, temperature: 0, thinking: false });
+  await fromStore.dispose();
+  results.killed = await killedIngests(model, store);
+  results.listed = (await WorkerEngine.listStores()).find((s) => s.name === store) ?? null;
+  results.deleted = await WorkerEngine.deleteStore(store);
+  results.afterDelete = await WorkerEngine.storeInfo(store);
 } catch (e) {
   results.error = String(e?.stack ?? e);
 }

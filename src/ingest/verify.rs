@@ -1,0 +1,161 @@
+//! Hashing every part in file order while units arrive in any order. The frontier is the first unit not yet
+//! hashed; when the unit there is in, it and every finished unit after it are fed to the part's running
+//! sha256 — from memory when their bytes are still held (a few units at most), else read back from the
+//! store. The running state is saved (atomically) whenever the frontier moves, so a resumed ingest goes on
+//! hashing where it stopped: never refetching, and reading back only units finished past the frontier.
+
+use super::plan::Unit;
+use super::sha::ResumableSha256;
+use crate::store::{IngestFiles, StoreDir, StoreFile, StoreLayout, HASH_FILE};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Saved {
+    /// The unit size the indices count in.
+    unit_bytes: u64,
+    /// Units before this one are hashed.
+    next_unit: usize,
+    /// The sha256 of every part wholly before the frontier.
+    finished: Vec<String>,
+    /// The running hash of the frontier's part.
+    current: ResumableSha256,
+}
+
+/// A part whose bytes do not hash to what was expected.
+pub struct Mismatch {
+    pub part: usize,
+    pub got: String,
+    pub want: String,
+}
+
+pub enum VerifyError {
+    Io(String),
+    Mismatch(Mismatch),
+}
+
+impl From<String> for VerifyError {
+    fn from(e: String) -> Self {
+        VerifyError::Io(e)
+    }
+}
+
+pub struct Verifier {
+    saved: Saved,
+    /// Bytes of finished units past the frontier, kept to hash without reading them back.
+    held: HashMap<usize, Vec<u8>>,
+    hold_at_most: usize,
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl Verifier {
+    /// Picks up the saved state when it agrees with the journal (every unit it claims hashed is finished)
+    /// and with what is expected; anything else starts hashing from the first byte (read back, not
+    /// refetched).
+    pub async fn resume<D: StoreDir>(
+        dir: &D,
+        layout: &StoreLayout,
+        units: &[Unit],
+        unit_bytes: u64,
+        done: &HashSet<u32>,
+        expected: &[Option<String>],
+        hold_at_most: usize,
+    ) -> Result<Verifier, String> {
+        let fresh = Saved { unit_bytes, next_unit: 0, finished: Vec::new(), current: ResumableSha256::new() };
+        let saved = match dir.read_all(HASH_FILE).await? {
+            Some(bytes) => serde_json::from_slice::<Saved>(&bytes).ok().filter(|s| Self::agrees(s, layout, units, unit_bytes, done, expected)).unwrap_or(fresh),
+            None => fresh,
+        };
+        Ok(Verifier { saved, held: HashMap::new(), hold_at_most: hold_at_most.max(1) })
+    }
+
+    fn agrees(s: &Saved, layout: &StoreLayout, units: &[Unit], unit_bytes: u64, done: &HashSet<u32>, expected: &[Option<String>]) -> bool {
+        if s.unit_bytes != unit_bytes || s.next_unit > units.len() || !s.current.is_consistent() {
+            return false;
+        }
+        if !(0..s.next_unit).all(|u| done.contains(&(u as u32))) {
+            return false;
+        }
+        let (parts_before, hashed_in_part) = match units.get(s.next_unit) {
+            Some(u) => (u.part, u.start),
+            None => (layout.part_lens.len(), 0),
+        };
+        s.finished.len() == parts_before
+            && s.current.len() == hashed_in_part
+            && s.finished.iter().zip(expected).all(|(got, want)| is_sha256(got) && want.as_ref().is_none_or(|w| w == got))
+    }
+
+    /// The first unit not hashed yet.
+    pub fn frontier(&self) -> usize {
+        self.saved.next_unit
+    }
+
+    /// Offers a finished unit's bytes: kept when it is next in line or there is room.
+    pub fn offer(&mut self, unit: usize, bytes: Vec<u8>) {
+        if unit == self.saved.next_unit || self.held.len() < self.hold_at_most {
+            self.held.insert(unit, bytes);
+        }
+    }
+
+    /// Hashes every finished unit from the frontier on, in order, stopping at the first unfinished one; a part
+    /// whose last unit is hashed is checked against its expected sha256. `on_hashed` hears each unit's bytes.
+    pub async fn advance<D: StoreDir, F: StoreFile>(
+        &mut self,
+        dir: &D,
+        files: &IngestFiles<F>,
+        layout: &StoreLayout,
+        units: &[Unit],
+        done: &HashSet<u32>,
+        expected: &[Option<String>],
+        on_hashed: &mut dyn FnMut(u64),
+    ) -> Result<(), VerifyError> {
+        let began = self.saved.next_unit;
+        while let Some(u) = units.get(self.saved.next_unit).copied() {
+            let i = self.saved.next_unit;
+            if !done.contains(&(i as u32)) {
+                break;
+            }
+            let bytes = match self.held.remove(&i) {
+                Some(b) => b,
+                None => files.read_part_range(layout, u.part, u.start, u.len).await?,
+            };
+            self.saved.current.update(&bytes);
+            self.saved.next_unit += 1;
+            on_hashed(u.len);
+            if u.ends_part(layout) {
+                let got = std::mem::take(&mut self.saved.current).finish_hex();
+                if let Some(want) = expected.get(u.part).and_then(|w| w.as_ref()) {
+                    if &got != want {
+                        return Err(VerifyError::Mismatch(Mismatch { part: u.part, got, want: want.clone() }));
+                    }
+                }
+                self.saved.finished.push(got);
+            }
+        }
+        self.held.retain(|&k, _| k >= self.saved.next_unit);
+        if self.saved.next_unit != began {
+            let bytes = serde_json::to_vec(&self.saved).map_err(|e| e.to_string())?;
+            dir.write_atomic(HASH_FILE, &bytes).await?;
+        }
+        Ok(())
+    }
+
+    /// Moves the frontier back to the first unit of `part` (saved), forgetting that part's hash and later ones.
+    pub async fn rewind_to_part<D: StoreDir>(&mut self, dir: &D, units: &[Unit], part: usize) -> Result<(), String> {
+        let first = units.iter().position(|u| u.part == part).unwrap_or(units.len());
+        self.saved.next_unit = first.min(self.saved.next_unit);
+        self.saved.finished.truncate(part);
+        self.saved.current = ResumableSha256::new();
+        self.held.clear();
+        let bytes = serde_json::to_vec(&self.saved).map_err(|e| e.to_string())?;
+        dir.write_atomic(HASH_FILE, &bytes).await
+    }
+
+    /// The sha256 of every part, once every unit is hashed.
+    pub fn digests(&self, units: &[Unit]) -> Option<&[String]> {
+        (self.saved.next_unit == units.len()).then_some(&self.saved.finished[..])
+    }
+}

@@ -1,0 +1,302 @@
+//! The JavaScript API of stores: a model's GGUF parts ingested into OPFS once (over HTTP Range requests, or
+//! from files the user already has), then loaded from there without the network.
+//!
+//! ```js
+//! const summary = await ingest({ model: "https://…-00001-of-00002.gguf", store: "ling-flash", onProgress, signal });
+//! const engine = await Engine.load({ store: "ling-flash" });
+//! ```
+
+use super::{get, js_error, to_js};
+use crate::ingest::{IngestOptions, PartHint, Progress};
+use crate::source::{BlobSource, HttpSource, RangeSource, Tracked};
+use crate::store::{open_complete, read_manifest, Access, Manifest, OpfsDir, OpfsFile, StorePartView, StoreState};
+use serde::Serialize;
+use std::rc::Rc;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+#[wasm_bindgen(typescript_custom_section)]
+const TYPES: &str = r#"
+/** Where to ingest a model from and into which store. */
+export interface IngestOptions {
+  /** URL of the first GGUF part (the others are found by their -0000N-of-0000M names), or every part's URL. */
+  model?: string | string[];
+  /** The GGUF parts as files the user picked (read from disk, not downloaded), instead of `model`. */
+  files?: File[] | FileList;
+  /** Name of the store (an OPFS folder); an unfinished ingest into it is resumed. */
+  store: string;
+  /** Expected sha256 of each part (lowercase hex), in order; otherwise a sha256 ETag is used when sent. */
+  sha256?: string[];
+  /** Called as the ingest goes. */
+  onProgress?: (progress: IngestProgress) => void;
+  /** Aborts the ingest; what is finished stays, and the next ingest into the store resumes from it. */
+  signal?: AbortSignal;
+  /** Bytes per request (default 16 MiB): the most an interruption refetches per request in flight. */
+  unitBytes?: number;
+  /** Requests in flight (default 6). */
+  inFlight?: number;
+}
+
+export interface IngestProgress {
+  /** "headers": reading the parts' headers; "verify": hashing bytes already stored (a resumed ingest);
+   *  "fetch": downloading (and hashing in file order); "done". */
+  phase: "headers" | "verify" | "fetch" | "done";
+  bytesDone: number;
+  bytesTotal: number;
+  /** Bytes per second in this phase. */
+  rate: number;
+  /** Seconds left in this phase at the current rate (null before it is known). */
+  etaSeconds: number | null;
+}
+
+export interface StorePart {
+  /** The URL or file name the part came from. */
+  source: string;
+  size: number;
+  /** Checked against the bytes before the store became complete. */
+  sha256: string | null;
+  etag: string | null;
+}
+
+export interface StoreSummary {
+  name: string;
+  /** "empty": a folder without a manifest (an ingest stopped before it began). */
+  state: "ingesting" | "complete" | "empty";
+  /** Where the model came from (the first part's URL or file name). */
+  model: string | null;
+  /** Bytes the store takes on disk. */
+  bytes: number;
+  /** Bytes of GGUF it holds the model of. */
+  modelBytes: number;
+  parts: StorePart[];
+  /** Whether the browser agreed to keep this site's storage under pressure (ingest only; null if unknown). */
+  persisted?: boolean | null;
+}
+
+/** Ingests a model's GGUF parts into an OPFS store: resumable, every byte checked against each part's size
+ *  and sha256 (where known); resolves when the store is complete. Best run in a worker (`WorkerEngine.ingest`),
+ *  where OPFS offers sync access handles. */
+export function ingest(options: IngestOptions): Promise<StoreSummary>;
+/** Every store in this origin's OPFS. */
+export function listStores(): Promise<StoreSummary[]>;
+/** One store, or null when there is none by that name. */
+export function storeInfo(name: string): Promise<StoreSummary | null>;
+/** Deletes a store and its files; false when there was none. */
+export function deleteStore(name: string): Promise<boolean>;
+"#;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PartSummary {
+    source: String,
+    size: u64,
+    sha256: Option<String>,
+    etag: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StoreSummary {
+    name: String,
+    state: &'static str,
+    model: Option<String>,
+    bytes: u64,
+    model_bytes: u64,
+    parts: Vec<PartSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    persisted: Option<Option<bool>>,
+}
+
+fn summary(name: &str, manifest: Option<&Manifest>) -> StoreSummary {
+    let Some(m) = manifest else {
+        return StoreSummary { name: name.into(), state: "empty", model: None, bytes: 0, model_bytes: 0, parts: Vec::new(), persisted: None };
+    };
+    let (state, bytes) = match m.state {
+        StoreState::Complete => ("complete", m.data_len),
+        // the data and tail files have their full lengths from the start
+        StoreState::Ingesting => ("ingesting", m.ingest_len),
+    };
+    StoreSummary {
+        name: name.into(),
+        state,
+        model: m.parts.first().map(|p| p.url.clone()),
+        bytes,
+        model_bytes: m.parts.iter().map(|p| p.size).sum(),
+        parts: m.parts.iter().map(|p| PartSummary { source: p.url.clone(), size: p.size, sha256: p.sha256.clone(), etag: p.etag.clone() }).collect(),
+        persisted: None,
+    }
+}
+
+/// Reads a store's manifest without taking its files' locks (an engine may be using the store).
+async fn info(name: &str) -> Result<Option<StoreSummary>, String> {
+    let Some(dir) = OpfsDir::open(name, false).await? else { return Ok(None) };
+    let dir = dir.with_access(Access::Async);
+    Ok(Some(summary(name, read_manifest(&dir).await?.as_ref())))
+}
+
+/// A whole number in [1, max], or the default.
+fn count(options: &JsValue, name: &str, default: u64, max: u64) -> Result<u64, JsError> {
+    match get(options, name).map(|v| v.as_f64()) {
+        None => Ok(default),
+        Some(Some(x)) if x.is_finite() && x >= 1.0 && x <= max as f64 && x.fract() == 0.0 => Ok(x as u64),
+        Some(_) => Err(js_error(format!("ingest: options.{name} must be a whole number from 1 to {max}"))),
+    }
+}
+
+/// The part number in a `-0000N-of-0000M` name, if it has one.
+fn part_number(name: &str) -> Option<u32> {
+    let stem = name.strip_suffix(".gguf")?;
+    let (head, _of) = stem.rsplit_once("-of-")?;
+    head.rsplit_once('-')?.1.parse().ok()
+}
+
+fn progress_event(p: &Progress) -> JsValue {
+    let ev = js_sys::Object::new();
+    let set = |k: &str, v: JsValue| {
+        let _ = js_sys::Reflect::set(&ev, &k.into(), &v);
+    };
+    set("phase", p.phase.as_str().into());
+    set("bytesDone", (p.bytes_done as f64).into());
+    set("bytesTotal", (p.bytes_total as f64).into());
+    set("rate", p.rate.into());
+    set("etaSeconds", p.eta_s.map(JsValue::from).unwrap_or(JsValue::NULL));
+    ev.into()
+}
+
+async fn run<S: RangeSource>(dir: &OpfsDir, parts: Vec<S>, hints: &[PartHint], options: &IngestOptions, signal: &Option<web_sys::AbortSignal>, on_progress: Option<js_sys::Function>) -> Result<Manifest, String> {
+    let signal = signal.clone();
+    let check: Rc<dyn Fn(u64) -> Result<(), String>> = Rc::new(move |_| match &signal {
+        Some(s) if s.aborted() => Err("ingest was aborted (what is finished is kept: ingest into the same store again to resume)".into()),
+        _ => Ok(()),
+    });
+    let parts: Vec<Tracked<S>> = parts.into_iter().map(|inner| Tracked { inner, on_read: check.clone() }).collect();
+    let mut report = |p: &Progress| {
+        if let Some(f) = &on_progress {
+            let _ = f.call1(&JsValue::NULL, &progress_event(p));
+        }
+    };
+    crate::ingest::ingest(dir, &parts, hints, options, &mut report).await
+}
+
+/// Ingests a model's GGUF parts into an OPFS store (see `IngestOptions` in the TypeScript types).
+#[wasm_bindgen(js_name = ingest, skip_typescript)]
+pub async fn ingest_js(options: JsValue) -> Result<JsValue, JsError> {
+    let store = get(&options, "store").and_then(|v| v.as_string()).ok_or_else(|| js_error("ingest: options.store (the name of the store to make or resume) is required"))?;
+    let signal: Option<web_sys::AbortSignal> = match get(&options, "signal") {
+        None => None,
+        Some(s) => Some(s.dyn_into().map_err(|_| js_error("ingest: options.signal must be an AbortSignal"))?),
+    };
+    let on_progress = match get(&options, "onProgress") {
+        None => None,
+        Some(f) => Some(f.dyn_into::<js_sys::Function>().map_err(|_| js_error("ingest: options.onProgress must be a function"))?),
+    };
+    let defaults = IngestOptions::default();
+    let ingest_options = IngestOptions {
+        unit_bytes: count(&options, "unitBytes", defaults.unit_bytes, 256 << 20)?,
+        in_flight: count(&options, "inFlight", defaults.in_flight as u64, 64)? as usize,
+    };
+    let sha256: Vec<String> = match get(&options, "sha256") {
+        None => Vec::new(),
+        Some(v) => serde_wasm_bindgen::from_value(v).map_err(|_| js_error("ingest: options.sha256 must be an array of hex strings, one per part"))?,
+    };
+    if signal.as_ref().is_some_and(|s| s.aborted()) {
+        return Err(js_error("ingest was aborted before it began"));
+    }
+    let persisted = crate::store::persist().await.ok().flatten();
+    let dir = OpfsDir::open(&store, true).await.map_err(js_error)?.expect("created");
+
+    let manifest = match (get(&options, "files"), get(&options, "model")) {
+        (Some(_), Some(_)) => return Err(js_error("ingest: give options.model (URLs) or options.files (picked files), not both")),
+        (None, None) => return Err(js_error("ingest: options.model (the URL of the first GGUF part) or options.files (the GGUF parts, picked by the user) is required")),
+        (Some(files), None) => {
+            let mut parts: Vec<BlobSource> = js_sys::Array::from(&files)
+                .iter()
+                .map(|f| f.dyn_into::<web_sys::File>().map(BlobSource::from_file).map_err(|_| js_error("ingest: options.files must hold File objects")))
+                .collect::<Result<_, _>>()?;
+            if parts.is_empty() {
+                return Err(js_error("ingest: options.files is empty"));
+            }
+            // a file picker gives files in any order: put -0000N-of-0000M names in part order
+            if parts.iter().all(|p| part_number(p.name()).is_some()) {
+                parts.sort_by_key(|p| part_number(p.name()));
+            }
+            let hints = hints_from(&sha256, parts.len(), |i| PartHint { size: Some(parts[i].size()), ..Default::default() })?;
+            run(&dir, parts, &hints, &ingest_options, &signal, on_progress).await
+        }
+        (None, Some(model)) => {
+            let urls: Vec<String> = if let Some(s) = model.as_string() {
+                crate::gguf::split_part_names(&s).map_err(|e| js_error(format!("ingest: {e}")))?
+            } else {
+                serde_wasm_bindgen::from_value(model).map_err(|_| js_error("ingest: options.model must be a URL or an array of URLs"))?
+            };
+            if urls.is_empty() {
+                return Err(js_error("ingest: options.model lists no URL"));
+            }
+            let parts: Vec<HttpSource> = urls.iter().map(|u| HttpSource::new(u.clone()).with_signal(signal.clone())).collect();
+            // the first answer pins each part's size and ETag; a sha256 ETag (Hugging Face's LFS files) is checked
+            let mut ids = Vec::new();
+            for p in &parts {
+                ids.push(p.probe().await.map_err(js_error)?);
+            }
+            let hints = hints_from(&sha256, parts.len(), |i| PartHint { etag: ids[i].etag.clone(), size: Some(ids[i].size), sha256: ids[i].sha256.clone() })?;
+            run(&dir, parts, &hints, &ingest_options, &signal, on_progress).await
+        }
+    }
+    .map_err(js_error)?;
+    let mut s = summary(&store, Some(&manifest));
+    s.persisted = Some(persisted);
+    to_js(&s)
+}
+
+/// One hint per part, with the given sha256s (when given) over what the source said.
+fn hints_from(sha256: &[String], n: usize, base: impl Fn(usize) -> PartHint) -> Result<Vec<PartHint>, JsError> {
+    if !sha256.is_empty() && sha256.len() != n {
+        return Err(js_error(format!("ingest: options.sha256 has {} entries for {n} parts", sha256.len())));
+    }
+    Ok((0..n)
+        .map(|i| {
+            let mut h = base(i);
+            if let Some(s) = sha256.get(i) {
+                h.sha256 = Some(s.to_ascii_lowercase());
+            }
+            h
+        })
+        .collect())
+}
+
+/// Every store in this origin's OPFS.
+#[wasm_bindgen(js_name = listStores, skip_typescript)]
+pub async fn list_stores() -> Result<JsValue, JsError> {
+    let mut out = Vec::new();
+    for name in OpfsDir::list().await.map_err(js_error)? {
+        // a store another tab is deleting may vanish between the listing and the read
+        if let Some(s) = info(&name).await.map_err(js_error)? {
+            out.push(s);
+        }
+    }
+    to_js(&out)
+}
+
+/// One store's summary, or null.
+#[wasm_bindgen(js_name = storeInfo, skip_typescript)]
+pub async fn store_info(name: String) -> Result<JsValue, JsError> {
+    match info(&name).await.map_err(js_error)? {
+        Some(s) => to_js(&s),
+        None => Ok(JsValue::NULL),
+    }
+}
+
+/// Deletes a store; false when there was none.
+#[wasm_bindgen(js_name = deleteStore, skip_typescript)]
+pub async fn delete_store(name: String) -> Result<bool, JsError> {
+    OpfsDir::delete(&name).await.map_err(js_error)
+}
+
+/// A complete store's model and one source per part reading from it (for `Engine.load({ store })`).
+pub(super) async fn open_store(name: &str) -> Result<(crate::gguf::SplitModel, Vec<StorePartView<OpfsFile>>), JsError> {
+    let dir = OpfsDir::open(name, false)
+        .await
+        .map_err(js_error)?
+        .ok_or_else(|| js_error(format!("Engine.load: there is no store named {name:?} (make it with ingest({{ store: {name:?}, model }}))")))?;
+    open_complete(&dir).await.map_err(|e| js_error(format!("Engine.load: {e}")))
+}
