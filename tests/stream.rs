@@ -6,7 +6,7 @@
 mod common;
 
 use common::fixture::{self, path};
-use lingtab::engine::{Engine, EngineOptions, Policy};
+use lingtab::engine::{Engine, EngineOptions, Policy, Upload};
 use lingtab::gpu::Gpu;
 use lingtab::source::FileSource;
 
@@ -58,6 +58,20 @@ fn every_pool_size_gives_the_resident_logits() {
         let b = pollster::block_on(resident.step(TOKENS[3])).unwrap();
         assert!(a == b);
         resident.reset();
+    }
+}
+
+#[test]
+fn the_staging_ring_upload_gives_the_same_logits() {
+    let mut resident = fixture::engine(&fixture::model(), &EngineOptions::default());
+    let want = run(&mut resident);
+    let slot = resident.stats().slot_bytes;
+    for slots in [4, 12] {
+        let options = EngineOptions { pool_bytes: Some(slots * slot), upload: Some(Upload::StagingRing), max_binding: Some(512 << 10), ..Default::default() };
+        let mut engine = open(&fixture_dir(), &options).unwrap();
+        assert_eq!(engine.upload_path(), Upload::StagingRing);
+        assert!(run(&mut engine) == want, "staging ring, {slots} slots");
+        assert!(engine.stats().misses > 0);
     }
 }
 

@@ -568,7 +568,7 @@ mod store {
 /// binding limit) give the all-resident engine's logits, bit for bit, in the browser.
 #[wasm_bindgen_test]
 async fn streamed_experts_give_the_resident_logits_in_browser() {
-    use lingtab::engine::{Engine, EngineOptions, Policy};
+    use lingtab::engine::{Engine, EngineOptions, Policy, Upload};
     use lingtab::source::{open_model, HttpSource};
     let first = format!("{}/fixtures/tiny-ling/tiny-ling-00001-of-00002.gguf", test_server());
     let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
@@ -576,13 +576,16 @@ async fn streamed_experts_give_the_resident_logits_in_browser() {
     let mut resident = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &EngineOptions::default()).await.unwrap();
     let slot = resident.stats().slot_bytes;
     let k = resident.config.n_expert_used as u64;
+    // writeBuffer uploads, and the mapped staging ring (mapAsync in the browser)
     let options = EngineOptions { pool_bytes: Some(k * slot), max_binding: Some(256 << 10), policy: Some(Policy::Lru), ..Default::default() };
     let mut streamed = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &options).await.unwrap();
-    assert!(streamed.is_streaming() && !resident.is_streaming());
+    let staged_options = EngineOptions { pool_bytes: Some((k + 3) * slot), upload: Some(Upload::StagingRing), ..Default::default() };
+    let mut staged = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &staged_options).await.unwrap();
+    assert!(streamed.is_streaming() && staged.is_streaming() && !resident.is_streaming());
     for t in [2949u32, 3536, 786, 0, 571] {
         let a = resident.step(t).await.unwrap();
-        let b = streamed.step(t).await.unwrap();
-        assert!(a == b, "token {t}: streamed logits differ from the resident ones");
+        assert!(a == streamed.step(t).await.unwrap(), "token {t}: streamed logits differ from the resident ones");
+        assert!(a == staged.step(t).await.unwrap(), "token {t}: logits through the staging ring differ from the resident ones");
     }
     let s = streamed.stats();
     log(&format!("browser streaming: pool of {} slots, hit rate {:.1}%, {} misses, {:.1} MB read", s.pool_slots, 100.0 * s.hit_rate(), s.misses, s.bytes_read as f64 / 1e6));

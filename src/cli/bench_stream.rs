@@ -3,7 +3,7 @@
 //! same routing). Prints hit rate, bytes read per token and the time split, with plain LRU as the baseline.
 
 use super::run::ModelPath;
-use crate::engine::{EngineOptions, Policy};
+use crate::engine::{EngineOptions, Policy, Upload};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchStreamArgs {
@@ -16,6 +16,9 @@ pub struct BenchStreamArgs {
     /// Policies, comma-separated (lru is always run first: it is the baseline)
     #[arg(long, default_value = "lru,hot:0.9,hot:0.7,hot:0.97")]
     pub policies: String,
+    /// Upload paths to compare, comma-separated: write (queue.writeBuffer), staging (mapped staging ring)
+    #[arg(long, default_value = "write")]
+    pub uploads: String,
     /// Print the rows as JSON
     #[arg(long)]
     pub json: bool,
@@ -27,6 +30,7 @@ struct Row {
     pool_slots: u32,
     pool_mb: f64,
     policy: String,
+    upload: String,
     tokens: u64,
     hit_rate: f64,
     hit_rate_vs_lru_points: f64,
@@ -40,6 +44,7 @@ struct Row {
 
 pub fn run(model: &ModelPath, args: &BenchStreamArgs, options: &EngineOptions) -> Result<(), String> {
     let pools: Vec<f64> = args.pools.split(',').map(|s| s.trim().parse::<f64>().map_err(|_| format!("--pools: {s:?} is not a number"))).collect::<Result<_, _>>()?;
+    let uploads: Vec<Upload> = args.uploads.split(',').map(|s| Upload::parse(s.trim())).collect::<Result<_, _>>()?;
     let mut policies = vec![Policy::Lru];
     for p in args.policies.split(',') {
         let p = Policy::parse(p.trim())?;
@@ -58,8 +63,9 @@ pub fn run(model: &ModelPath, args: &BenchStreamArgs, options: &EngineOptions) -
     for &fraction in &pools {
         let slots = ((fraction * total as f64).round() as u32).max(engine.config.n_expert_used as u32);
         let mut lru_hits = 0.0;
-        for &policy in &policies {
-            engine.set_pool(slots, policy)?;
+        let runs = policies.iter().flat_map(|&p| uploads.iter().map(move |&u| (p, u)));
+        for (policy, upload) in runs {
+            engine.set_pool(slots, policy, upload)?;
             let began = crate::clock::now_s();
             pollster::block_on(async {
                 let mut next = 0;
@@ -74,7 +80,7 @@ pub fn run(model: &ModelPath, args: &BenchStreamArgs, options: &EngineOptions) -
             let secs = crate::clock::now_s() - began;
             let s = engine.stats();
             let n = s.tokens.max(1) as f64;
-            if policy == Policy::Lru {
+            if policy == Policy::Lru && upload == uploads[0] {
                 lru_hits = s.hit_rate();
             }
             rows.push(Row {
@@ -82,6 +88,7 @@ pub fn run(model: &ModelPath, args: &BenchStreamArgs, options: &EngineOptions) -
                 pool_slots: s.pool_slots,
                 pool_mb: s.pool_slots as f64 * s.slot_bytes as f64 / 1e6,
                 policy: policy.name(),
+                upload: format!("{upload:?}"),
                 tokens: s.tokens,
                 hit_rate: s.hit_rate(),
                 hit_rate_vs_lru_points: 100.0 * (s.hit_rate() - lru_hits),
@@ -106,16 +113,17 @@ pub fn run(model: &ModelPath, args: &BenchStreamArgs, options: &EngineOptions) -
 fn print_row(r: &Row, header: bool) {
     if header {
         println!(
-            "{:>6} {:>6} {:>9} {:<9} {:>6} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>8} {:>6}",
-            "pool%", "slots", "pool MB", "policy", "tokens", "hit %", "vs LRU", "MB/token", "read ms", "upload ms", "wait ms", "ms/tok", "syncs"
+            "{:>6} {:>6} {:>9} {:<9} {:<12} {:>6} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>8} {:>6}",
+            "pool%", "slots", "pool MB", "policy", "upload", "tokens", "hit %", "vs LRU", "MB/token", "read ms", "upload ms", "wait ms", "ms/tok", "syncs"
         );
     }
     println!(
-        "{:>6.1} {:>6} {:>9.1} {:<9} {:>6} {:>8.1} {:>+8.1} {:>9.2} {:>8.2} {:>9.2} {:>8.2} {:>8.2} {:>6.1}",
+        "{:>6.1} {:>6} {:>9.1} {:<9} {:<12} {:>6} {:>8.1} {:>+8.1} {:>9.2} {:>8.2} {:>9.2} {:>8.2} {:>8.2} {:>6.1}",
         100.0 * r.pool_fraction,
         r.pool_slots,
         r.pool_mb,
         r.policy,
+        r.upload,
         r.tokens,
         100.0 * r.hit_rate,
         r.hit_rate_vs_lru_points,

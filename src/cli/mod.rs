@@ -181,6 +181,9 @@ struct EngineArgs {
     /// Eviction policy of a streaming pool: lru, hot (decaying frequency) or hot:DECAY
     #[arg(long, value_parser = crate::engine::Policy::parse)]
     policy: Option<crate::engine::Policy>,
+    /// How streamed experts reach the GPU: write (queue.writeBuffer) or staging (a mapped staging ring)
+    #[arg(long, value_parser = crate::engine::Upload::parse)]
+    upload: Option<crate::engine::Upload>,
 }
 
 impl EngineArgs {
@@ -191,6 +194,7 @@ impl EngineArgs {
         o.pool_bytes = self.pool_bytes;
         o.gpu_budget_bytes = self.gpu_budget;
         o.policy = self.policy;
+        o.upload = self.upload;
         o
     }
 }

@@ -184,7 +184,7 @@ pub enum Experts {
 /// Runs the step for `token` at position `pos`; logits land in `state.logits`, the greedy pick in
 /// `state.argmax`. Resident experts: one submission, no readback. Streamed experts: one readback per MoE layer.
 #[allow(clippy::too_many_arguments)]
-pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &ExpertPool, s: &State, experts: &mut Experts, stats: &mut CacheStats, token: u32, pos: u32) -> Result<(), String> {
+pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool, s: &State, experts: &mut Experts, stats: &mut CacheStats, token: u32, pos: u32) -> Result<(), String> {
     let mut pass = Pass::new();
     let hidden = c.hidden as u32;
     let eps = c.rms_eps;
@@ -246,7 +246,7 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &ExpertPool, s: 
 /// Brings layer `l`'s selected experts into the pool: reads the selection back, maps it to slots, reads the
 /// misses' records and queues their upload and slot-table entries (they land before the next submission).
 #[allow(clippy::too_many_arguments)]
-async fn serve_layer(gpu: &Gpu, c: &Config, pool: &ExpertPool, cache: &mut ExpertCache, reader: &dyn RecordReader, sel: &wgpu::Buffer, l: usize, stats: &mut CacheStats) -> Result<(), String> {
+async fn serve_layer(gpu: &Gpu, c: &Config, pool: &mut ExpertPool, cache: &mut ExpertCache, reader: &dyn RecordReader, sel: &wgpu::Buffer, l: usize, stats: &mut CacheStats) -> Result<(), String> {
     let k = c.n_expert_used;
     let began = now_s();
     let words = gpu.read_back(sel, k as u64 * 4).await.map_err(|e| e.0)?;
@@ -278,14 +278,23 @@ async fn serve_layer(gpu: &Gpu, c: &Config, pool: &ExpertPool, cache: &mut Exper
     };
     stats.read_s += now_s() - began;
     let began = now_s();
-    for (fill, record) in plan.fills.iter().zip(&records) {
+    for fill in &plan.fills {
         if let Some(old) = fill.evicted {
             pool.map(gpu, (old / pool.n_expert) as usize, old % pool.n_expert, NONE);
             stats.evictions += 1;
             stats.bytes_uploaded += 4;
         }
+    }
+    let batch: Vec<(u32, &[u8])> = plan.fills.iter().zip(&records).map(|(f, r)| (f.slot, r.as_slice())).collect();
+    if let Err(e) = pool.fill_batch(gpu, &batch).await {
+        for f in &plan.fills {
+            cache.forget(f.slot);
+        }
+        return Err(e);
+    }
+    for (fill, record) in plan.fills.iter().zip(&records) {
         stats.bytes_read += record.len() as u64;
-        stats.bytes_uploaded += pool.fill(gpu, fill.slot, record) + 4;
+        stats.bytes_uploaded += record.len() as u64 + 4;
         pool.map(gpu, l, fill.expert, fill.slot);
     }
     stats.upload_s += now_s() - began;

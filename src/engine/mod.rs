@@ -15,6 +15,7 @@ use crate::source::RangeSource;
 pub use cache::{CacheStats, Policy};
 use cache::ExpertCache;
 use forward::{Experts, State};
+pub use pool::Upload;
 use pool::{ExpertPool, ExpertTensors, PartsReader};
 use weights::Weights;
 
@@ -34,6 +35,8 @@ pub struct EngineOptions {
     pub pool_slots: Option<u32>,
     /// Eviction policy of a streaming pool (default [`Policy::DEFAULT`]).
     pub policy: Option<Policy>,
+    /// How streamed records reach the pool (default `writeBuffer`; see `bench-stream --uploads`).
+    pub upload: Option<Upload>,
 }
 
 impl EngineOptions {
@@ -144,7 +147,10 @@ impl Engine {
             return Ok(Self::assemble(gpu, config, weights, pool, Experts::Resident, state, n_ctx, "resident", tensors, max_binding));
         }
         let policy = options.policy.unwrap_or(Policy::DEFAULT);
-        let pool = ExpertPool::new(&gpu, &tensors, config.n_layer, slots, max_binding)?;
+        let mut pool = ExpertPool::new(&gpu, &tensors, config.n_layer, slots, max_binding)?;
+        if options.upload == Some(Upload::StagingRing) {
+            pool.use_staging(&gpu, config.n_expert_used as u32);
+        }
         let cache = ExpertCache::new(config.n_layer, tensors.n_expert, slots, policy);
         let experts = Experts::Streaming { cache, reader: Box::new(reader) };
         Ok(Self::assemble(gpu, config, weights, pool, experts, state, n_ctx, &policy.name(), tensors, max_binding))
@@ -152,7 +158,7 @@ impl Engine {
 
     /// Gives a streaming engine a new, empty pool of `slots` slots and a cache with `policy` (benchmarks compare
     /// pool sizes and policies on one load); the sequence and the counters start over.
-    pub fn set_pool(&mut self, slots: u32, policy: Policy) -> Result<(), String> {
+    pub fn set_pool(&mut self, slots: u32, policy: Policy, upload: Upload) -> Result<(), String> {
         let Experts::Streaming { reader, .. } = std::mem::replace(&mut self.experts, Experts::Resident) else {
             return Err("the engine holds every expert: open it with a pool size to stream".into());
         };
@@ -162,6 +168,9 @@ impl Engine {
         // the old pool goes first, so both never hold GPU memory at once
         self.pool = ExpertPool::new(&self.gpu, tensors, self.config.n_layer, k, self.max_binding)?;
         self.pool = ExpertPool::new(&self.gpu, tensors, self.config.n_layer, slots, self.max_binding)?;
+        if upload == Upload::StagingRing {
+            self.pool.use_staging(&self.gpu, k);
+        }
         self.experts = Experts::Streaming { cache: ExpertCache::new(self.config.n_layer, tensors.n_expert, slots, policy), reader };
         self.reset();
         self.stats = CacheStats { policy: policy.name(), pool_slots: slots, slot_bytes: self.pool.slot_bytes, ..Default::default() };
@@ -176,6 +185,10 @@ impl Engine {
     /// Counters of the expert cache and the steps so far.
     pub fn stats(&self) -> &CacheStats {
         &self.stats
+    }
+
+    pub fn upload_path(&self) -> Upload {
+        self.pool.upload_path()
     }
 
     /// Zeroes the counters (not the cache).
@@ -219,7 +232,7 @@ impl Engine {
     async fn advance(&mut self, token: u32) -> Result<(), String> {
         self.check_token(token)?;
         let pos = self.tokens.len() as u32;
-        let result = forward::run_step(&self.gpu, &self.config, &self.weights, &self.pool, &self.state, &mut self.experts, &mut self.stats, token, pos).await;
+        let result = forward::run_step(&self.gpu, &self.config, &self.weights, &mut self.pool, &self.state, &mut self.experts, &mut self.stats, token, pos).await;
         if let Err(e) = result {
             self.reset();
             return Err(e);

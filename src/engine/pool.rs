@@ -132,6 +132,96 @@ impl<S: RangeSource> RecordReader for PartsReader<S> {
     }
 }
 
+/// How records reach the pool's buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Upload {
+    /// `queue.writeBuffer` per record (the implementation stages the bytes).
+    #[default]
+    WriteBuffer,
+    /// A ring of mapped staging buffers: records are copied into mapped memory, then a copy command per
+    /// record moves them into their slots (one submission per batch).
+    StagingRing,
+}
+
+impl Upload {
+    pub fn parse(s: &str) -> Result<Upload, String> {
+        match s {
+            "write" => Ok(Upload::WriteBuffer),
+            "staging" => Ok(Upload::StagingRing),
+            _ => Err(format!("unknown upload path {s:?}: write or staging")),
+        }
+    }
+}
+
+/// One buffer of the staging ring and its pending re-map.
+struct Staging {
+    buffer: wgpu::Buffer,
+    remapped: Option<futures_channel::oneshot::Receiver<Result<(), wgpu::BufferAsyncError>>>,
+}
+
+/// Mapped staging buffers used in turn; a buffer is re-mapped once its copies are done.
+struct StagingRing {
+    buffers: Vec<Staging>,
+    next: usize,
+}
+
+impl StagingRing {
+    const BUFFERS: usize = 3;
+
+    fn new(gpu: &Gpu, capacity: u64) -> StagingRing {
+        let buffers = (0..Self::BUFFERS)
+            .map(|_| Staging {
+                buffer: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("expert staging"),
+                    size: capacity,
+                    usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: true,
+                }),
+                remapped: None,
+            })
+            .collect();
+        StagingRing { buffers, next: 0 }
+    }
+
+    /// Copies `records` (slot, bytes) into the next staging buffer and records their copies into the pool.
+    async fn upload(&mut self, gpu: &Gpu, pool: &ExpertPool, records: &[(u32, &[u8])]) -> Result<(), String> {
+        let i = self.next;
+        self.next = (self.next + 1) % self.buffers.len();
+        let staging = &mut self.buffers[i];
+        if let Some(rx) = staging.remapped.take() {
+            #[cfg(not(target_arch = "wasm32"))]
+            gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| format!("GPU poll failed: {e}"))?;
+            rx.await.map_err(|_| "the GPU device was lost while mapping a staging buffer".to_string())?.map_err(|e| format!("mapping a staging buffer failed: {e}"))?;
+        }
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut view = staging.buffer.get_mapped_range_mut(..).map_err(|e| format!("staging buffer: {e}"))?;
+            let mut at = 0usize;
+            for &(slot, record) in records {
+                let len = record.len().next_multiple_of(4);
+                if (at + len) as u64 > staging.buffer.size() {
+                    return Err(format!("{} bytes of records do not fit a staging buffer of {}", at + len, staging.buffer.size()));
+                }
+                view.slice(at..at + record.len()).copy_from_slice(record);
+                if len > record.len() {
+                    view.slice(at + record.len()..at + len).copy_from_slice(&[0u8; 3][..len - record.len()]);
+                }
+                let (chunk, within) = pool.place(slot);
+                encoder.copy_buffer_to_buffer(&staging.buffer, at as u64, &pool.chunks[chunk], within, len as u64);
+                at += len;
+            }
+        }
+        staging.buffer.unmap();
+        gpu.queue.submit([encoder.finish()]);
+        let (tx, rx) = futures_channel::oneshot::channel();
+        staging.buffer.map_async(wgpu::MapMode::Write, .., move |r| {
+            let _ = tx.send(r);
+        });
+        staging.remapped = Some(rx);
+        Ok(())
+    }
+}
+
 pub struct ExpertPool {
     pub chunks: Vec<wgpu::Buffer>,
     pub slots_per_chunk: u32,
@@ -142,6 +232,7 @@ pub struct ExpertPool {
     /// record layout of each trunk layer (None for dense layers)
     pub layouts: Vec<Option<RecordLayout>>,
     pub n_expert: u32,
+    staging: Option<StagingRing>,
 }
 
 impl ExpertPool {
@@ -166,7 +257,49 @@ impl ExpertPool {
             .collect();
         let table = vec![u32::MAX; (n_layer * tensors.n_expert as usize).max(1)];
         let table = gpu.upload("expert slot table", bytemuck::cast_slice(&table));
-        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, table, layouts: tensors.layouts.clone(), n_expert: tensors.n_expert })
+        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, table, layouts: tensors.layouts.clone(), n_expert: tensors.n_expert, staging: None })
+    }
+
+    /// Uploads records through a staging ring sized for `batch` records at a time, instead of `writeBuffer`.
+    pub fn use_staging(&mut self, gpu: &Gpu, batch: u32) {
+        self.staging = Some(StagingRing::new(gpu, batch as u64 * self.slot_bytes));
+    }
+
+    pub fn upload_path(&self) -> Upload {
+        if self.staging.is_some() {
+            Upload::StagingRing
+        } else {
+            Upload::WriteBuffer
+        }
+    }
+
+    /// The pool buffer holding `slot` and the slot's byte offset in it.
+    fn place(&self, slot: u32) -> (usize, u64) {
+        ((slot / self.slots_per_chunk) as usize, (slot % self.slots_per_chunk) as u64 * self.slot_bytes)
+    }
+
+    /// Writes each (slot, record), by the pool's upload path; queued, so it lands after the work already
+    /// submitted and before the next. Returns the bytes written.
+    pub async fn fill_batch(&mut self, gpu: &Gpu, records: &[(u32, &[u8])]) -> Result<u64, String> {
+        for &(slot, record) in records {
+            if slot >= self.n_slots || record.len() as u64 > self.slot_bytes {
+                return Err(format!("slot {slot} of {}, record of {} bytes (slots of {})", self.n_slots, record.len(), self.slot_bytes));
+            }
+        }
+        let bytes = records.iter().map(|r| r.1.len() as u64).sum();
+        match self.staging.take() {
+            Some(mut ring) => {
+                let result = ring.upload(gpu, self, records).await;
+                self.staging = Some(ring);
+                result?;
+            }
+            None => {
+                for &(slot, record) in records {
+                    self.fill(gpu, slot, record);
+                }
+            }
+        }
+        Ok(bytes)
     }
 
     /// GPU bytes of the pool (slots and table).
@@ -178,7 +311,7 @@ impl ExpertPool {
     /// Returns the bytes written.
     pub fn fill(&self, gpu: &Gpu, slot: u32, record: &[u8]) -> u64 {
         assert!(slot < self.n_slots && record.len() as u64 <= self.slot_bytes, "slot {slot} of {}, record of {} bytes", self.n_slots, record.len());
-        let (chunk, within) = ((slot / self.slots_per_chunk) as usize, (slot % self.slots_per_chunk) as u64 * self.slot_bytes);
+        let (chunk, within) = self.place(slot);
         if record.len() % 4 == 0 {
             gpu.queue.write_buffer(&self.chunks[chunk], within, record);
         } else {

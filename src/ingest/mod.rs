@@ -249,6 +249,7 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     manifest.state = StoreState::Complete;
     write_manifest(dir, &manifest).await?;
     remove_ingest_files(dir).await?;
-    on_progress(&Progress::at_rest(Phase::Done, total, total));
+    // the last event keeps the fetch's average rate
+    on_progress(&Progress { phase: Phase::Done, eta_s: Some(0.0), ..meter.at(total) });
     Ok(manifest)
 }

@@ -16,7 +16,7 @@ mod remote;
 #[cfg(target_arch = "wasm32")]
 pub use blob::BlobSource;
 #[cfg(not(target_arch = "wasm32"))]
-pub use file::FileSource;
+pub use file::{read_exact_at, FileSource};
 #[cfg(not(target_arch = "wasm32"))]
 pub use http_native::HttpSource;
 #[cfg(target_arch = "wasm32")]

@@ -39,6 +39,13 @@ export interface LoadOptions {
   contextLength?: number;
   /** Largest buffer a kernel may bind, in bytes (default: the adapter's limit). */
   maxBindingBytes?: number;
+  /** GPU bytes for the routed-expert pool (default: every expert resident). A smaller pool streams experts from
+   * the store (or the URLs) as the router asks for them; at least one token's experts must fit. */
+  poolBytes?: number;
+  /** Instead of poolBytes: GPU bytes for everything; the pool gets what the dense weights and states leave. */
+  gpuBudgetBytes?: number;
+  /** Eviction policy of a streaming pool: "hot" (decaying frequency, the default), "hot:0.9", or "lru". */
+  policy?: string;
   /** Called as the weights arrive. */
   onProgress?: (progress: LoadProgress) => void;
   /** Aborts the load. */
