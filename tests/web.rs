@@ -351,16 +351,18 @@ mod store {
         let progress = Rc::new(RefCell::new(Vec::new()));
         let journaled_at_drop = {
             let parts = tracked(parts);
+            // the 8th fetch event (seven units journaled) drops the ingest: no timer, so no race with it
+            let (tx, rx) = futures_channel::oneshot::channel::<()>();
+            let mut tx = Some(tx);
             let seen = progress.clone();
-            let mut on_progress = move |p: &lingtab::ingest::Progress| seen.borrow_mut().push(p.clone());
-            let run = Box::pin(ingest(&dir, &parts, &hints, &options, &mut on_progress));
-            let fetch_events = progress.clone();
-            let enough = Box::pin(async move {
-                while fetch_events.borrow().iter().filter(|p| p.phase == lingtab::ingest::Phase::Fetch).count() < 8 {
-                    lingtab_sleep(5).await;
+            let mut on_progress = move |p: &lingtab::ingest::Progress| {
+                seen.borrow_mut().push(p.clone());
+                if seen.borrow().iter().filter(|p| p.phase == lingtab::ingest::Phase::Fetch).count() == 8 {
+                    let _ = tx.take().map(|tx| tx.send(()));
                 }
-            });
-            match futures_util::future::select(run, enough).await {
+            };
+            let run = Box::pin(ingest(&dir, &parts, &hints, &options, &mut on_progress));
+            match futures_util::future::select(run, rx).await {
                 futures_util::future::Either::Left((r, _)) => panic!("the ingest ended before it was dropped: {r:?}"),
                 futures_util::future::Either::Right(_) => {}
             }
@@ -383,14 +385,6 @@ mod store {
         assert!(sent >= total && sent <= total + 2 * options.in_flight as u64 * unit, "fetched {sent} bytes for {total} with 2 interruptions");
         drop(dir);
         assert!(OpfsDir::delete(&name).await.unwrap());
-    }
-
-    async fn lingtab_sleep(ms: i32) {
-        let p = js_sys::Promise::new(&mut |resolve, _| {
-            let global: web_sys::WorkerGlobalScope = js_sys::global().unchecked_into();
-            global.set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms).unwrap();
-        });
-        wasm_bindgen_futures::JsFuture::from(p).await.unwrap();
     }
 
     /// The JS API: ingest with an AbortSignal (aborted from onProgress), storeInfo of the unfinished store, a

@@ -59,8 +59,9 @@ pub fn load_engine_from_store(dir: &Path, options: &EngineOptions) -> Result<Eng
     let dir = crate::store::FsDir::new(dir)?;
     pollster::block_on(async {
         let (model, parts) = crate::store::open_complete(&dir).await?;
+        let checks = crate::store::read_checks(&dir).await?;
         let gpu = Gpu::new().await.map_err(|e| e.0)?;
-        Engine::open(gpu, &model, parts, options).await
+        Engine::open_checked(gpu, &model, parts, checks, options).await
     })
 }
 

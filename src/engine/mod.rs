@@ -12,6 +12,7 @@ use crate::gpu::moe::{selection_words, Selection};
 use crate::gpu::Gpu;
 use crate::model::Config;
 use crate::source::RangeSource;
+use crate::store::StoreChecks;
 pub use cache::{CacheStats, Policy};
 use cache::ExpertCache;
 use forward::{Experts, State};
@@ -102,7 +103,7 @@ fn pool_slots(config: &Config, tensors: &ExpertTensors, dense: u64, states: u64,
 
 impl Engine {
     /// Dense weights, states and the expert tensors' shapes; no pool yet.
-    async fn load_dense<S: RangeSource>(gpu: &Gpu, model: &SplitModel, parts: &[S], options: &EngineOptions) -> Result<(Config, Weights, State, ExpertTensors, u64, usize), String> {
+    async fn load_dense<S: RangeSource>(gpu: &Gpu, model: &SplitModel, parts: &[S], checks: Option<&StoreChecks>, options: &EngineOptions) -> Result<(Config, Weights, State, ExpertTensors, u64, usize), String> {
         let config = Config::from_header(model.header()).map_err(|e| e.to_string())?;
         crate::model::layout::check_tensors(&config, model)?;
         let limits = gpu.device.limits();
@@ -112,7 +113,7 @@ impl Engine {
         }
         let n_ctx = options.n_ctx.unwrap_or(4096).min(config.context_length).max(1);
         let tensors = ExpertTensors::of(&config, model)?;
-        let weights = Weights::load(gpu, &config, model, max_binding, parts).await?;
+        let weights = Weights::load(gpu, &config, model, max_binding, parts, checks).await?;
         let state = State::new(gpu, &config, &weights, n_ctx)?;
         Ok((config, weights, state, tensors, max_binding, n_ctx))
     }
@@ -126,12 +127,12 @@ impl Engine {
     /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
     /// For a pool smaller than the experts, use [`Engine::open`], which keeps the parts to stream from.
     pub async fn load<S: RangeSource>(gpu: Gpu, model: &SplitModel, parts: &[S], options: &EngineOptions) -> Result<Engine, String> {
-        let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, parts, options).await?;
+        let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, parts, None, options).await?;
         let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes, options)?;
         if (slots as u64) < tensors.total() {
             return Err(format!("a pool of {slots} experts (of {}) streams experts: load with Engine::open", tensors.total()));
         }
-        let reader = PartsReader { parts: parts.iter().collect::<Vec<&S>>(), tensors: tensors.clone() };
+        let reader = PartsReader { parts: parts.iter().collect::<Vec<&S>>(), tensors: tensors.clone(), checks: None };
         let pool = ExpertPool::load_resident(&gpu, &tensors, config.n_layer, max_binding, &reader).await?;
         Ok(Self::assemble(gpu, config, weights, pool, Experts::Resident, state, n_ctx, "resident", tensors, max_binding))
     }
@@ -139,9 +140,15 @@ impl Engine {
     /// Like [`Engine::load`], and keeps `parts`: with a pool smaller than the experts (`pool_bytes`,
     /// `gpu_budget_bytes`), experts are read from them as the router asks, into a cache of GPU slots.
     pub async fn open<S: RangeSource + 'static>(gpu: Gpu, model: &SplitModel, parts: Vec<S>, options: &EngineOptions) -> Result<Engine, String> {
-        let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, &parts, options).await?;
+        Self::open_checked(gpu, model, parts, None, options).await
+    }
+
+    /// [`Engine::open`] on a store's parts, with the store's check values: every dense tensor and every expert
+    /// record read is checked before it goes to the GPU, so bytes changed on disk are an error, never output.
+    pub async fn open_checked<S: RangeSource + 'static>(gpu: Gpu, model: &SplitModel, parts: Vec<S>, checks: Option<StoreChecks>, options: &EngineOptions) -> Result<Engine, String> {
+        let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, &parts, checks.as_ref(), options).await?;
         let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes, options)?;
-        let reader = PartsReader { parts, tensors: tensors.clone() };
+        let reader = PartsReader { parts, tensors: tensors.clone(), checks: checks.map(std::rc::Rc::new) };
         if slots as u64 >= tensors.total() {
             let pool = ExpertPool::load_resident(&gpu, &tensors, config.n_layer, max_binding, &reader).await?;
             return Ok(Self::assemble(gpu, config, weights, pool, Experts::Resident, state, n_ctx, "resident", tensors, max_binding));

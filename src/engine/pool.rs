@@ -10,6 +10,7 @@ use crate::model::layout::EXPERT_TENSORS;
 use crate::model::Config;
 use crate::quant::GgmlType;
 use crate::source::RangeSource;
+use crate::store::StoreChecks;
 use futures_util::future::LocalBoxFuture;
 
 /// Where an expert's three matrices sit inside its record (byte offsets) and their types.
@@ -98,10 +99,12 @@ pub trait RecordReader {
     fn read<'a>(&'a self, layer: usize, experts: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<Vec<u8>>, String>>;
 }
 
-/// Records read from the model's parts (a store's part views, local files, HTTP): three ranges per record.
+/// Records read from the model's parts (a store's part views, local files, HTTP): three ranges per record,
+/// each checked against the store's check values when there are some.
 pub struct PartsReader<S> {
     pub parts: Vec<S>,
     pub tensors: ExpertTensors,
+    pub checks: Option<std::rc::Rc<StoreChecks>>,
 }
 
 impl<S: RangeSource> PartsReader<S> {
@@ -112,10 +115,13 @@ impl<S: RangeSource> PartsReader<S> {
         }
         let total: u64 = ranges.iter().map(|r| r.2).sum();
         let mut record = Vec::with_capacity(total as usize);
-        for (part, base, per) in ranges {
+        for (which, (part, base, per)) in ranges.into_iter().enumerate() {
             let (bytes, _) = self.parts[part].read_range(base + expert as u64 * per, per).await?;
             if bytes.len() as u64 != per {
                 return Err(format!("{}: expert {expert} of layer {layer}: read {} of {per} bytes (truncated file?)", self.parts[part].describe(), bytes.len()));
+            }
+            if let Some(checks) = &self.checks {
+                checks.verify_expert(layer, expert, which, &bytes).map_err(|e| format!("{}: {e}", self.parts[part].describe()))?;
             }
             record.extend_from_slice(&bytes);
         }

@@ -8,6 +8,7 @@ use crate::model::layout::{role, Role};
 use crate::model::Config;
 use crate::quant::GgmlType;
 use crate::source::RangeSource;
+use crate::store::StoreChecks;
 use std::collections::HashMap;
 
 /// Rows [first_row, first_row + rows) of a tensor, in their own buffer.
@@ -66,7 +67,7 @@ impl Weights {
 
     /// Uploads every non-expert trunk tensor, read from `parts`; `max_binding` is the largest buffer a kernel
     /// may bind.
-    pub async fn load<S: RangeSource>(gpu: &Gpu, config: &Config, model: &SplitModel, max_binding: u64, parts: &[S]) -> Result<Weights, String> {
+    pub async fn load<S: RangeSource>(gpu: &Gpu, config: &Config, model: &SplitModel, max_binding: u64, parts: &[S], checks: Option<&StoreChecks>) -> Result<Weights, String> {
         let mut tensors = HashMap::new();
         let mut total = 0u64;
         for t in &model.tensors {
@@ -77,6 +78,9 @@ impl Weights {
                 return Err(format!("tensor {}: type {} is not supported by lingtab's kernels", t.info.name, t.info.ty));
             }
             let bytes = read_tensor(parts, t).await?;
+            if let Some(checks) = checks {
+                checks.verify_dense(&t.info.name, &bytes).map_err(|e| format!("{}: {e}", parts[t.part].describe()))?;
+            }
             let row_bytes = t.info.row_bytes();
             let n_rows = t.info.n_elements() / t.info.dims[0];
             let rows_per_piece = (max_binding / row_bytes).max(1);

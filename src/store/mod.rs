@@ -4,6 +4,7 @@
 //! load agree. Files are reached through [`StoreDir`]/[`StoreFile`], the one place where platforms differ
 //! (the native file system, OPFS in the browser).
 
+mod checks;
 mod files;
 #[cfg(not(target_arch = "wasm32"))]
 mod fs;
@@ -12,6 +13,7 @@ mod manifest;
 #[cfg(target_arch = "wasm32")]
 mod opfs;
 
+pub use checks::{check_value, Checker, StoreChecks, CHECKS_FILE};
 pub use files::IngestFiles;
 #[cfg(not(target_arch = "wasm32"))]
 pub use fs::{FsDir, FsFile};
@@ -134,4 +136,17 @@ where
     let _ = remove_ingest_files(dir).await;
     let views = (0..model.parts.len()).map(|i| StorePartView::new(layout.clone(), i, data.clone(), dir.describe())).collect();
     Ok((model, views))
+}
+
+/// Reads a store's check values; `None` for a store without them (made before they existed).
+pub async fn read_checks<D: StoreDir>(dir: &D) -> Result<Option<StoreChecks>, String> {
+    match dir.read_all(CHECKS_FILE).await? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("{}: bad {CHECKS_FILE}: {e}", dir.describe())),
+    }
+}
+
+pub async fn write_checks<D: StoreDir>(dir: &D, checks: &StoreChecks) -> Result<(), String> {
+    let bytes = serde_json::to_vec(checks).map_err(|e| e.to_string())?;
+    dir.write_atomic(CHECKS_FILE, &bytes).await
 }

@@ -278,6 +278,19 @@ impl StoreFile for OpfsFile {
     }
 }
 
+/// Aborts a write stream when dropped (an error or a dropped future before its commit), so it never commits
+/// and lets go of the file at once: an open stream keeps a sync access handle off the file until it is
+/// garbage-collected.
+struct AbortOnDrop(Option<web_sys::FileSystemWritableFileStream>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            let _ = s.abort();
+        }
+    }
+}
+
 /// One store's folder in OPFS.
 pub struct OpfsDir {
     name: String,
@@ -440,15 +453,23 @@ impl StoreDir for OpfsDir {
         let what = format!("{}: write {} bytes", self.label(name), bytes.len());
         let handle = self.file_handle(name, true).await?.expect("created");
         // no keepExistingData: the stream starts empty, and close() swaps it in whole
-        let stream: web_sys::FileSystemWritableFileStream = call(handle.create_writable(), &what).await?.unchecked_into();
-        let written = async {
-            call(stream.write_with_u8_array(bytes).map_err(opfs_err(&what))?, &what).await?;
-            call(stream.close(), &what).await
+        let mut attempt = 0;
+        let stream: web_sys::FileSystemWritableFileStream = loop {
+            match JsFuture::from(handle.create_writable()).await {
+                Ok(s) => break s.unchecked_into(),
+                // a sync access handle holds the file: one of a worker terminated a moment ago is released shortly
+                Err(e) if js::error_name(&e).as_deref() == Some("NoModificationAllowedError") && attempt < 10 => {
+                    attempt += 1;
+                    js::sleep_ms(100).await;
+                }
+                Err(e) => return Err(opfs_err(&what)(e)),
+            }
         };
-        if let Err(e) = written.await {
-            let _ = stream.abort();
-            return Err(e);
-        }
+        // if this future is dropped before the commit, abort the stream so it neither commits nor holds the file
+        let mut pending = AbortOnDrop(Some(stream.clone()));
+        call(stream.write_with_u8_array(bytes).map_err(opfs_err(&what))?, &what).await?;
+        call(stream.close(), &what).await?;
+        pending.0 = None;
         Ok(())
     }
 

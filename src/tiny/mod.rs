@@ -160,6 +160,10 @@ pub struct TinyModel {
 }
 
 /// llama.cpp's `use_more_bits`: the layers Q4_K_M gives Q6_K for ffn_down and attn_v.
+/// Tensors above this many values are generated in parallel chunks of [`CHUNK_VALUES`].
+const BIG_TENSOR: u64 = 1 << 26;
+const CHUNK_VALUES: u64 = 1 << 22;
+
 fn use_more_bits(i: usize, n: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i as isize - (n / 8) as isize) % 3 == 2
 }
@@ -334,8 +338,33 @@ impl TinyModel {
         let spec = &self.writer.tensors[i];
         let n: u64 = spec.dims.iter().product();
         let row = spec.dims[0] as usize;
-        let mut rng = Rng::new(self.options.seed ^ hash_name(&spec.name));
         let planned = &self.plan[i];
+        // flash-width stacks hold billions of values: cut them into row chunks, each with its own random
+        // stream, generated and quantised on every core (small tensors keep one stream, as before)
+        if let (Init::Normal { gain }, true) = (planned.init, n > BIG_TENSOR) {
+            let std = gain / (row as f64).sqrt();
+            let rows = n / row as u64;
+            let rows_per_chunk = (CHUNK_VALUES / row as u64).max(1);
+            let chunks: Vec<u64> = (0..rows.div_ceil(rows_per_chunk)).collect();
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(chunks.len()).max(1);
+            let mut out: Vec<Vec<u8>> = vec![Vec::new(); chunks.len()];
+            std::thread::scope(|scope| {
+                for (t, slots) in out.chunks_mut(chunks.len().div_ceil(threads)).enumerate() {
+                    let first = t * chunks.len().div_ceil(threads);
+                    scope.spawn(move || {
+                        for (j, slot) in slots.iter_mut().enumerate() {
+                            let c = (first + j) as u64;
+                            let count = rows_per_chunk.min(rows - c * rows_per_chunk) * row as u64;
+                            let mut rng = Rng::new(self.options.seed ^ hash_name(&spec.name) ^ (c + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                            let values: Vec<f32> = (0..count).map(|_| (rng.normal() * std) as f32).collect();
+                            *slot = quant::quantize(planned.ty, &values).expect("generated values are finite and moderate");
+                        }
+                    });
+                }
+            });
+            return out.concat();
+        }
+        let mut rng = Rng::new(self.options.seed ^ hash_name(&spec.name));
         let values: Vec<f32> = match planned.init {
             Init::Normal { gain } => {
                 let std = gain / (row as f64).sqrt();
