@@ -238,6 +238,7 @@ impl Engine {
     /// half-updated, so the sequence is forgotten: the next feed starts over.
     async fn advance(&mut self, token: u32) -> Result<(), String> {
         self.check_token(token)?;
+        self.gpu.check().map_err(|e| e.0)?;
         let pos = self.tokens.len() as u32;
         let result = forward::run_step(&self.gpu, &self.config, &self.weights, &mut self.pool, &self.state, &mut self.experts, &mut self.stats, token, pos).await;
         if let Err(e) = result {

@@ -175,15 +175,20 @@ impl StagingRing {
     const BUFFERS: usize = 3;
 
     fn new(gpu: &Gpu, capacity: u64) -> StagingRing {
+        // mapped with map_async rather than at creation (wgpu's WebGPU backend panics on a lost device there)
         let buffers = (0..Self::BUFFERS)
-            .map(|_| Staging {
-                buffer: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            .map(|_| {
+                let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("expert staging"),
                     size: capacity,
                     usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-                    mapped_at_creation: true,
-                }),
-                remapped: None,
+                    mapped_at_creation: false,
+                });
+                let (tx, rx) = futures_channel::oneshot::channel();
+                buffer.map_async(wgpu::MapMode::Write, .., move |r| {
+                    let _ = tx.send(r);
+                });
+                Staging { buffer, remapped: Some(rx) }
             })
             .collect();
         StagingRing { buffers, next: 0 }

@@ -87,14 +87,17 @@ impl Pass {
     }
 
     pub fn dispatch_3d(&mut self, gpu: &Gpu, kernel: &Rc<Kernel>, buffers: &[&wgpu::Buffer], params: &[P], grid: (u32, u32, u32)) {
-        use wgpu::util::DeviceExt;
         let mut words: Vec<u32> = params.iter().map(|p| p.bits()).collect();
         words.resize(words.len().next_multiple_of(4).max(4), 0); // uniforms are 16-byte sized
-        let uniform = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        // written through the queue, not mapped at creation: a buffer mapped at creation on a lost WebGPU device
+        // makes wgpu panic, where a write is just dropped
+        let uniform = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params"),
-            contents: bytemuck::cast_slice(&words),
-            usage: wgpu::BufferUsages::UNIFORM,
+            size: (words.len() * 4) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         });
+        gpu.queue.write_buffer(&uniform, 0, bytemuck::cast_slice(&words));
         let mut entries: Vec<wgpu::BindGroupEntry> =
             buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
         entries.push(wgpu::BindGroupEntry { binding: buffers.len() as u32, resource: uniform.as_entire_binding() });

@@ -96,6 +96,11 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub summary: AdapterSummary,
     kernels: kernel::KernelCache,
+    /// Why the device was lost, once it is (set by wgpu's device-lost callback).
+    lost: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    /// The first GPU error nobody caught (a validation or out-of-memory error): the results after it are
+    /// not to be trusted.
+    uncaptured: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Gpu {
@@ -129,9 +134,24 @@ impl Gpu {
             })
             .await
             .map_err(|e| GpuError(format!("the adapter refused a device: {e}")))?;
-        #[cfg(target_arch = "wasm32")]
-        device.on_uncaptured_error(std::sync::Arc::new(|e: wgpu::Error| {
+        let lost = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let on_lost = lost.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            *on_lost.lock().unwrap() = Some(format!("{reason:?}: {message}"));
+        });
+        let uncaptured = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let on_error = uncaptured.clone();
+        // recorded, not a panic: the next readback reports it as an error
+        device.on_uncaptured_error(std::sync::Arc::new(move |e: wgpu::Error| {
+            #[cfg(target_arch = "wasm32")]
             web_sys::console::error_1(&format!("lingtab: WebGPU error: {e}").into());
+            let mut message = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                message = format!("{message}: {c}");
+                cause = c.source();
+            }
+            on_error.lock().unwrap().get_or_insert(message);
         }));
         let info = adapter.get_info();
         let summary = AdapterSummary {
@@ -146,7 +166,18 @@ impl Gpu {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
         };
-        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default() })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured })
+    }
+
+    /// An error once the device is lost or has raised an error nobody caught; work on it is pointless then.
+    pub fn check(&self) -> Result<(), GpuError> {
+        if let Some(why) = self.lost.lock().unwrap().as_ref() {
+            return Err(GpuError(format!("the GPU device was lost ({why}): load the engine again (the store is kept)")));
+        }
+        if let Some(e) = self.uncaptured.lock().unwrap().as_ref() {
+            return Err(GpuError(format!("the GPU reported an error, so its results cannot be trusted: {e}; load the engine again")));
+        }
+        Ok(())
     }
 
     pub fn storage_buffer(&self, label: &str, size: u64) -> wgpu::Buffer {
@@ -169,6 +200,7 @@ impl Gpu {
 
     /// Copies `size` bytes of `buffer` back to the CPU.
     pub async fn read_back(&self, buffer: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
+        self.check()?;
         let size = size.next_multiple_of(4);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -190,6 +222,8 @@ impl Gpu {
             .map_err(|e| GpuError(format!("mapping a readback buffer failed: {e}")))?;
         let data = staging.slice(..).get_mapped_range().map_err(|e| GpuError(format!("readback: {e}")))?.to_vec();
         staging.unmap();
+        // the work before this readback may have failed or lost the device: never hand back its results
+        self.check()?;
         Ok(data)
     }
 

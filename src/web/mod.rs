@@ -420,7 +420,8 @@ impl Engine {
         let engine = match from_store {
             Some(views) => {
                 let parts: Vec<_> = views.into_iter().map(|inner| Tracked { inner, on_read: on_read.clone() }).collect();
-                crate::engine::Engine::open(gpu, &model, parts, &engine_options).await
+                let checks = store::store_checks(store_name.as_deref()).await?;
+                crate::engine::Engine::open_checked(gpu, &model, parts, checks, &engine_options).await
             }
             None => {
                 let parts: Vec<Tracked<HttpSource>> = urls.iter().map(|url| Tracked { inner: HttpSource::new(url.clone()), on_read: on_read.clone() }).collect();
@@ -569,6 +570,13 @@ impl GenerationStream {
             {
                 let mut st = stats.borrow_mut();
                 st.position = session.engine.position();
+                // the engine is out of `Engine.session` while a generation runs: its counters are copied here
+                let cache = session.engine.stats();
+                if let Ok(mut experts) = serde_json::to_value(cache) {
+                    experts["hitRate"] = cache.hit_rate().into();
+                    st.experts = experts;
+                }
+                st.gpu_bytes = Some(session.engine.gpu_bytes());
                 st.prompt_tokens = state.prompt_tokens().len();
                 st.generated_tokens = state.tokens().len();
                 // the first call feeds the prompt: its time is the prompt's; later calls are one token each
