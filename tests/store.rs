@@ -11,7 +11,7 @@ use lingtab::gguf::{parse_header, SplitModel};
 use lingtab::gpu::Gpu;
 use lingtab::ingest::{ingest, IngestOptions, PartHint};
 use lingtab::source::{FileSource, HttpSource, RangeSource};
-use lingtab::store::{open_complete, read_manifest, FsDir, StoreState};
+use lingtab::store::{check_value, open_complete, read_checks, read_manifest, FsDir, StoreChecks, StoreState};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -193,6 +193,40 @@ fn store_engine(store: &std::path::Path) -> Engine {
     })
 }
 
+/// The check values of the tiny model, computed here from the GGUF files' bytes and their tensor tables
+/// (not through the store's layout): every dense tensor whole, every expert's slice of each expert tensor.
+fn checks_from_the_ggufs() -> StoreChecks {
+    let files: Vec<Vec<u8>> = NAMES.iter().map(|n| std::fs::read(fixture_dir().join(n)).unwrap()).collect();
+    let model = SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap();
+    let config = lingtab::model::Config::from_header(model.header()).unwrap();
+    let n_expert = config.n_expert as u64;
+    let mut checks = StoreChecks { dense: Default::default(), experts: vec![None; config.n_layer] };
+    let bytes_of = |t: &lingtab::gguf::SplitTensor, from: u64, len: u64| &files[t.part][(t.file_offset + from) as usize..(t.file_offset + from + len) as usize];
+    for t in &model.tensors {
+        use lingtab::model::layout::Role;
+        match lingtab::model::layout::role(&config, &t.info.name) {
+            Role::Global | Role::Dense { .. } => {
+                checks.dense.insert(t.info.name.clone(), check_value(bytes_of(t, 0, t.info.n_bytes())));
+            }
+            Role::Experts { layer } => {
+                let which = lingtab::model::layout::EXPERT_TENSORS.iter().position(|s| t.info.name == format!("blk.{layer}.{s}")).unwrap();
+                let per = t.info.n_bytes() / n_expert;
+                let experts = checks.experts[layer].get_or_insert_with(|| vec![[0; 3]; n_expert as usize]);
+                for e in 0..n_expert {
+                    experts[e as usize][which] = check_value(bytes_of(t, e * per, per));
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(checks.experts.iter().flatten().flatten().flatten().all(|&v| v != 0));
+    checks
+}
+
+fn store_checks(store: &std::path::Path) -> StoreChecks {
+    pollster::block_on(read_checks(&FsDir::new(store).unwrap())).unwrap().expect("a complete store has checks.json")
+}
+
 #[test]
 fn ingest_over_http_then_the_store_gives_the_gguf_logits() {
     let base = serve_fixtures();
@@ -205,6 +239,8 @@ fn ingest_over_http_then_the_store_gives_the_gguf_logits() {
     for (p, n) in m.parts.iter().zip(NAMES) {
         assert_eq!(p.sha256.as_deref().unwrap(), format!("{:x}", Sha256::digest(std::fs::read(fixture_dir().join(n)).unwrap())));
     }
+    // the check values computed while ingesting are those of the GGUF's bytes
+    assert_eq!(store_checks(&store), checks_from_the_ggufs());
     // ingesting again into a complete store does nothing and succeeds
     ingest_from(&base, &store, &IngestOptions { unit_bytes: 64 << 10, in_flight: 4 }).unwrap();
     let mut a = gguf_engine();
@@ -367,7 +403,9 @@ fn killed_ingests_resume_to_a_byte_identical_store_with_bounded_refetch() {
     for f in ["data.bin", "manifest.json"] {
         assert!(std::fs::read(reference.join(f)).unwrap() == std::fs::read(store.join(f)).unwrap(), "{f} differs from the uninterrupted store's");
     }
-    assert_eq!(files_in(&store), ["data.bin", "manifest.json"], "a complete store holds only its data and manifest");
+    assert_eq!(files_in(&store), ["checks.json", "data.bin", "manifest.json"], "a complete store holds only its data, checks and manifest");
+    // the check values survived every kill (logged before the hash state, the straddling run read back)
+    assert_eq!(store_checks(&store), checks_from_the_ggufs());
     std::fs::remove_dir_all(&store).unwrap();
     std::fs::remove_dir_all(&reference).unwrap();
 }
@@ -413,18 +451,19 @@ fn a_store_killed_while_finishing_completes_without_fetching() {
     for f in ["data.bin", "manifest.json"] {
         assert!(std::fs::read(reference.join(f)).unwrap() == std::fs::read(store.join(f)).unwrap(), "{f} differs from the uninterrupted store's");
     }
-    assert_eq!(files_in(&store), ["data.bin", "manifest.json"]);
+    assert_eq!(files_in(&store), ["checks.json", "data.bin", "manifest.json"]);
     // killed after the store was marked complete but before the cleanup: the leftovers go on the next open
-    for f in ["journal.bin", "tail.bin", "hash.json", "hash.json.tmp"] {
+    assert_eq!(store_checks(&store), checks_from_the_ggufs());
+    for f in ["journal.bin", "tail.bin", "hash.json", "hash.json.tmp", "checks.log"] {
         std::fs::write(store.join(f), b"left over").unwrap();
     }
     let dir = FsDir::new(&store).unwrap();
     pollster::block_on(open_complete(&dir)).unwrap();
-    assert_eq!(files_in(&store), ["data.bin", "manifest.json"]);
+    assert_eq!(files_in(&store), ["checks.json", "data.bin", "manifest.json"]);
     // … or on the next ingest, which fetches nothing
     std::fs::write(store.join("journal.bin"), b"left over").unwrap();
     ingest_from(&base, &store, &options).unwrap();
-    assert_eq!(files_in(&store), ["data.bin", "manifest.json"]);
+    assert_eq!(files_in(&store), ["checks.json", "data.bin", "manifest.json"]);
     assert_eq!(st.unit_bytes_sent.load(Ordering::SeqCst), 0);
     std::fs::remove_dir_all(&store).unwrap();
     std::fs::remove_dir_all(&reference).unwrap();
@@ -457,6 +496,8 @@ fn bytes_corrupted_in_the_store_fail_their_part_and_only_that_part_is_fetched_ag
     let m = ingest_from(&base, &store, &options).unwrap();
     assert_eq!(m.state, StoreState::Complete);
     assert_eq!(st.unit_bytes_sent.load(Ordering::SeqCst), files[1].len() as u64);
+    // the check values of part 2's runs were recomputed from the refetched bytes
+    assert_eq!(store_checks(&store), checks_from_the_ggufs());
     for f in ["data.bin", "manifest.json"] {
         assert!(std::fs::read(reference.join(f)).unwrap() == std::fs::read(store.join(f)).unwrap(), "{f} differs from the uninterrupted store's");
     }
@@ -483,4 +524,105 @@ fn the_store_part_view_reads_what_the_file_holds() {
         assert!(got == want, "{}", t.info.name);
     }
     std::fs::remove_dir_all(&store).unwrap();
+}
+
+/// `lingtab greedy --store` with a small expert pool (streaming): (success, stdout, stderr).
+fn greedy_from_store(store: &std::path::Path, pool_bytes: Option<u64>) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lingtab"));
+    cmd.args(["greedy", "--store", store.to_str().unwrap(), "--tokens", "2949,3536,786", "-n", "8"]);
+    if let Some(b) = pool_bytes {
+        cmd.args(["--pool-bytes", &b.to_string()]);
+    }
+    let out = cmd.output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bytes_changed_in_a_complete_store_fail_the_load_naming_what_changed() {
+    let base = serve_fixtures();
+    let reference = temp_store("checks-ref");
+    ingest_from(&base, &reference, &IngestOptions { unit_bytes: 64 << 10, in_flight: 4 }).unwrap();
+    let files: Vec<Vec<u8>> = NAMES.iter().map(|n| std::fs::read(fixture_dir().join(n)).unwrap()).collect();
+    let layout = lingtab::store::StoreLayout::from_model(&SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap()).unwrap();
+    let records = &layout.experts[1];
+    let n_expert = 32u64;
+    // a pool of a few records streams experts (the tiny model has 32 per layer, 4 used per token)
+    let small_pool = Some(records.stride * 10);
+    let (ok, stdout, stderr) = greedy_from_store(&reference, small_pool);
+    assert!(ok, "the intact store: {stderr}");
+    let intact: Vec<u32> = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(intact.len(), 8);
+    let copy = |tag: &str| {
+        let store = temp_store(tag);
+        std::fs::create_dir_all(&store).unwrap();
+        for f in ["checks.json", "data.bin", "manifest.json"] {
+            std::fs::copy(reference.join(f), store.join(f)).unwrap();
+        }
+        store
+    };
+    let flip = |store: &std::path::Path, offsets: &[u64]| {
+        let mut data = std::fs::read(store.join("data.bin")).unwrap();
+        for &o in offsets {
+            data[o as usize] ^= 0x10;
+        }
+        std::fs::write(store.join("data.bin"), &data).unwrap();
+    };
+
+    // one byte of expert 5's up rows in layer L, every expert resident: the load reads it and fails
+    let store = copy("checks-expert");
+    flip(&store, &[records.offset + 5 * records.stride + records.up + 7]);
+    let (ok, stdout, stderr) = greedy_from_store(&store, None);
+    eprintln!("resident: {stderr}");
+    assert!(!ok && stdout.trim().is_empty(), "no tokens from a changed store: {stdout}");
+    assert!(stderr.contains(&format!("layer {} expert 5: its up rows", records.layer)) && stderr.contains("changed on disk"), "{stderr}");
+    std::fs::remove_dir_all(&store).unwrap();
+
+    // streaming from a small pool: a byte of every expert's gate rows in layer L changed, so whichever the
+    // router picks first fails its check when it is read, before anything is printed
+    let store = copy("checks-stream");
+    flip(&store, &(0..n_expert).map(|e| records.offset + e * records.stride + records.gate + 100).collect::<Vec<_>>());
+    let (ok, stdout, stderr) = greedy_from_store(&store, small_pool);
+    eprintln!("streaming: {stderr}");
+    assert!(!ok && stdout.trim().is_empty(), "no tokens from a changed store: {stdout}");
+    assert!(stderr.contains(&format!("layer {} expert ", records.layer)) && stderr.contains("its gate rows") && stderr.contains("changed on disk"), "{stderr}");
+    std::fs::remove_dir_all(&store).unwrap();
+
+    // a byte of a dense tensor: the load fails naming it
+    let store = copy("checks-dense");
+    let dense = layout.dense.iter().find(|d| d.name.contains("attn") && d.len > 64).unwrap();
+    flip(&store, &[dense.offset + dense.len / 2]);
+    let (ok, stdout, stderr) = greedy_from_store(&store, small_pool);
+    eprintln!("dense: {stderr}");
+    assert!(!ok && stdout.trim().is_empty(), "{stdout}");
+    assert!(stderr.contains(&format!("{}: its bytes in the store do not match", dense.name)) && stderr.contains("changed on disk"), "{stderr}");
+    std::fs::remove_dir_all(&store).unwrap();
+
+    // the intact store again: same tokens (the checks pass and change nothing)
+    let (ok, stdout, _) = greedy_from_store(&reference, small_pool);
+    assert!(ok);
+    assert_eq!(serde_json::from_str::<Vec<u32>>(stdout.trim()).unwrap(), intact);
+    std::fs::remove_dir_all(&reference).unwrap();
+}
+
+/// The cost of the check: xxh3-64 over 64 MiB against reading those bytes from a file (page cache).
+#[test]
+fn check_value_throughput() {
+    let bytes: Vec<u8> = (0..64u64 << 20).map(|i| (i.wrapping_mul(0x9e3779b97f4a7c15) >> 56) as u8).collect();
+    let path = temp_store("bench");
+    std::fs::write(&path, &bytes).unwrap();
+    let mut best_check = f64::MAX;
+    let mut best_read = f64::MAX;
+    let mut buf = vec![0u8; bytes.len()];
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        std::hint::black_box(check_value(std::hint::black_box(&bytes)));
+        best_check = best_check.min(t.elapsed().as_secs_f64());
+        let t = std::time::Instant::now();
+        use std::io::Read;
+        std::fs::File::open(&path).unwrap().read_exact(&mut buf).unwrap();
+        best_read = best_read.min(t.elapsed().as_secs_f64());
+    }
+    let gb = bytes.len() as f64 / 1e9;
+    eprintln!("check_value: {:.2} GB/s; reading the same 64 MiB from a cached file: {:.2} GB/s", gb / best_check, gb / best_read);
+    std::fs::remove_file(&path).unwrap();
 }

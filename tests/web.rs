@@ -208,7 +208,7 @@ mod store {
     use lingtab::gpu::Gpu;
     use lingtab::ingest::{ingest, IngestOptions, PartHint};
     use lingtab::source::{BlobSource, HttpSource, RangeSource, RemoteIdentity, Tracked};
-    use lingtab::store::{check_quota, estimate, open_complete, read_manifest, Access, OpfsDir, StoreDir, StoreFile, StoreLayout, StoreState};
+    use lingtab::store::{check_quota, check_value, estimate, open_complete, read_checks, read_manifest, space_verdict, Access, OpfsDir, StoreDir, StoreFile, StoreLayout, StoreState};
     use sha2::{Digest, Sha256};
     use std::cell::{Cell, RefCell};
     use std::rc::Rc;
@@ -242,6 +242,33 @@ mod store {
             data[at..at + p.len as usize].copy_from_slice(&files[p.part][p.file_offset as usize..(p.file_offset + p.len) as usize]);
         }
         data
+    }
+
+    /// The check values of the GGUF bytes, from the tensor tables (not the store's layout).
+    fn checks_of(files: &[Vec<u8>]) -> lingtab::store::StoreChecks {
+        use lingtab::model::layout::{role, Role, EXPERT_TENSORS};
+        let model = SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap();
+        let config = lingtab::model::Config::from_header(model.header()).unwrap();
+        let n = config.n_expert as u64;
+        let mut checks = lingtab::store::StoreChecks { dense: Default::default(), experts: vec![None; config.n_layer] };
+        for t in &model.tensors {
+            let at = |from: u64, len: u64| &files[t.part][(t.file_offset + from) as usize..(t.file_offset + from + len) as usize];
+            match role(&config, &t.info.name) {
+                Role::Global | Role::Dense { .. } => {
+                    checks.dense.insert(t.info.name.clone(), check_value(at(0, t.info.n_bytes())));
+                }
+                Role::Experts { layer } => {
+                    let which = EXPERT_TENSORS.iter().position(|s| t.info.name == format!("blk.{layer}.{s}")).unwrap();
+                    let per = t.info.n_bytes() / n;
+                    let experts = checks.experts[layer].get_or_insert_with(|| vec![[0; 3]; n as usize]);
+                    for e in 0..n {
+                        experts[e as usize][which] = check_value(at(e * per, per));
+                    }
+                }
+                _ => {}
+            }
+        }
+        checks
     }
 
     /// A store name no earlier run left behind.
@@ -293,9 +320,10 @@ mod store {
             assert_eq!(p.sha256.as_deref(), Some(format!("{:x}", Sha256::digest(f)).as_str()));
         }
         assert!(read_file(&dir, "data.bin").await == expected_data(&files), "the OPFS data file differs from the GGUF bytes laid out");
-        for f in ["journal.bin", "tail.bin", "hash.json"] {
+        for f in ["journal.bin", "tail.bin", "hash.json", "checks.log"] {
             assert!(dir.open(f, false).await.unwrap().is_none(), "{f} is left in a complete store");
         }
+        assert!(read_checks(&dir).await.unwrap().is_some(), "a complete store has its check values");
         drop(dir);
 
         let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
@@ -380,6 +408,7 @@ mod store {
         assert_eq!(m.state, StoreState::Complete);
         assert_eq!(phases.last().unwrap(), &(lingtab::ingest::Phase::Done, total, total));
         assert!(read_file(&dir, "data.bin").await == expected_data(&files), "the resumed store differs from the GGUF bytes laid out");
+        assert!(read_checks(&dir).await.unwrap() == Some(checks_of(&files)), "the resumed store's check values differ from the GGUF bytes'");
         let sent = fetched.get();
         log(&format!("resumed OPFS ingest: {sent} unit bytes fetched for {total}"));
         assert!(sent >= total && sent <= total + 2 * options.in_flight as u64 * unit, "fetched {sent} bytes for {total} with 2 interruptions");
@@ -422,11 +451,19 @@ mod store {
         let info = store_info(name.clone()).await.unwrap();
         assert_eq!(get(&info, "state").as_string().as_deref(), Some("ingesting"));
         assert_eq!(get(&info, "model").as_string(), Some(urls()[0].clone()));
+        // how far the stopped ingest got: the journaled units' bytes, at least the one the abort came after
+        let total = files.iter().map(|f| f.len() as f64).sum::<f64>();
+        let (done, of) = (get(&info, "bytesDone").as_f64().expect("bytesDone"), get(&info, "bytesTotal").as_f64().unwrap());
+        log(&format!("storeInfo of the aborted ingest: bytesDone {done} of {of}"));
+        assert!(of == total && done >= (256 * 1024) as f64 && done < total, "bytesDone {done} of {of} (GGUF {total})");
+        let last_fetch = events.borrow().iter().rev().find(|e| get(e, "phase").as_string().as_deref() == Some("fetch")).map(|e| get(e, "bytesDone").as_f64().unwrap()).unwrap();
+        assert!(done >= last_fetch, "storeInfo says {done} bytes done, the last progress event {last_fetch}");
 
         set(&options, "signal", &JsValue::UNDEFINED);
         set(&options, "onProgress", &JsValue::UNDEFINED);
         let summary = ingest_js(options.into()).await.unwrap();
         assert_eq!(get(&summary, "state").as_string().as_deref(), Some("complete"));
+        assert_eq!((get(&summary, "bytesDone").as_f64(), get(&summary, "bytesTotal").as_f64()), (Some(total), Some(total)));
         let parts = js_sys::Array::from(&get(&summary, "parts"));
         for (p, f) in parts.iter().zip(&files) {
             assert_eq!(get(&p, "sha256").as_string(), Some(format!("{:x}", Sha256::digest(f))));
@@ -512,6 +549,59 @@ mod store {
         assert!(read_manifest(&dir).await.unwrap().is_none(), "a manifest was written");
         assert!(dir.open("data.bin", false).await.unwrap().is_none(), "a data file was made");
         drop(dir);
+        assert!(OpfsDir::delete(&name).await.unwrap());
+
+        // Chrome 138+'s static estimate (usage + min(10 GiB, disk)) does not refuse a bigger store up front: a
+        // warning, and the writes meet the real quota (the page's e2e test shows that error)
+        const GIB: u64 = 1 << 30;
+        let usage = 123_456_789;
+        let warning = space_verdict(77_000_000_000, usage + 10 * GIB, usage, None).unwrap().expect("a warning");
+        assert!(warning.contains("77000000000") && warning.contains("not the real quota"), "{warning}");
+        assert!(space_verdict(77_000_000_000, usage + 3 * GIB, usage, None).unwrap().is_some(), "a capped figure below 10 GiB (a small disk)");
+        // … but a figure that is not the cap is the real quota: refused, with both numbers
+        let err = space_verdict(77_000_000_000, usage + 5_000_000_000, usage, None).unwrap_err();
+        assert!(err.contains("needs 77000000000 more bytes") && err.contains("allows this site 5000000000 more"), "{err}");
+        assert!(space_verdict(77_000_000_000, usage + 11 * GIB, usage, None).is_err(), "more than the cap is not the cap");
+        // a budget set on the store is authoritative too, whatever the estimate
+        let err = space_verdict(2 << 20, usage + 10 * GIB, usage, Some(1 << 20)).unwrap_err();
+        assert!(err.contains(&format!("needs {} more bytes", 2 << 20)) && err.contains(&format!("allows this site {} more", 1 << 20)), "{err}");
+        assert_eq!(space_verdict(1 << 20, usage + 10 * GIB, usage, None), Ok(None));
+        assert_eq!(space_verdict(1 << 20, usage + 10 * GIB, usage, Some(2 << 20)), Ok(None));
+    }
+
+    /// Check values in the browser: ingest writes them (equal to the GGUF bytes' own), and a byte changed in
+    /// the OPFS data file afterwards makes `Engine.load({ store })` fail naming the layer and expert.
+    #[wasm_bindgen_test]
+    async fn a_byte_changed_in_the_opfs_data_file_fails_the_load() {
+        let name = fresh_store("checks").await;
+        let files = fixture_files().await;
+        let dir = OpfsDir::open(&name, true).await.unwrap().unwrap();
+        let (parts, hints) = http_parts().await;
+        ingest(&dir, &parts, &hints, &IngestOptions { unit_bytes: 1 << 20, in_flight: 4 }, &mut |_| {}).await.unwrap();
+        let checks = read_checks(&dir).await.unwrap().expect("a complete store has checks.json");
+        assert!(checks == checks_of(&files), "the check values differ from the GGUF bytes'");
+        let model = SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap();
+        let layout = StoreLayout::from_model(&model).unwrap();
+        let records = &layout.experts[0];
+        let up = model.tensor(&format!("blk.{}.ffn_up_exps.weight", records.layer)).unwrap();
+        let per = up.info.n_bytes() / 32;
+        let slice = &files[up.part][(up.file_offset + 5 * per) as usize..(up.file_offset + 6 * per) as usize];
+        assert_eq!(checks.expert(records.layer, 5, 1), Some(check_value(slice)));
+        let t = model.tensors.iter().find(|t| t.info.name == "token_embd.weight").unwrap();
+        assert_eq!(checks.dense.get("token_embd.weight"), Some(&check_value(&files[t.part][t.file_offset as usize..(t.file_offset + t.info.n_bytes()) as usize])));
+        // one byte of expert 5's up rows changed in OPFS
+        let data = dir.open("data.bin", false).await.unwrap().unwrap();
+        let at = records.offset + 5 * records.stride + records.up + 11;
+        let mut b = [0u8; 1];
+        data.read_at(at, &mut b).await.unwrap();
+        data.write_at(at, &[b[0] ^ 0x04]).await.unwrap();
+        data.flush().await.unwrap();
+        drop((data, dir));
+        let load = js_sys::Object::new();
+        js_sys::Reflect::set(&load, &"store".into(), &name.clone().into()).unwrap();
+        let err = message(lingtab::web::Engine::load(load.into()).await.err().expect("the load fails").into());
+        log(&format!("Engine.load of a changed store: {err}"));
+        assert!(err.contains(&format!("layer {} expert 5: its up rows", records.layer)) && err.contains("changed on disk"), "{err}");
         assert!(OpfsDir::delete(&name).await.unwrap());
     }
 

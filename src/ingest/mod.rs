@@ -5,14 +5,16 @@
 //! file). A unit's index is appended to the journal only after its bytes are flushed, so a killed ingest
 //! resumes from the journal, refetching only the units that were in flight. Every part is hashed in file order
 //! as the units arrive ([`verify`]), with the running hash saved so a resume goes on from it; a part is
-//! checked against its sha256 (where known) when its last byte is hashed. The store is marked `complete` only
-//! when every unit is in and every byte hashed — one atomic manifest write — and only then are the journal,
-//! the tail and the hash state removed (a kill before that leaves them for the next run to remove).
+//! checked against its sha256 (where known) when its last byte is hashed. The same bytes in the same order give
+//! the store's check values (`checks.json`, see `checks.rs`), written before the store is marked `complete` —
+//! only when every unit is in and every byte hashed, one atomic manifest write — and only then are the journal,
+//! the tail, the hash state and the checks log removed (a kill before that leaves them for the next run).
 //!
 //! No step leaves the files in a state a resume does not recognise: the data and tail files get their full
 //! lengths once, right after the manifest that describes them, and keep them; the journal and the hash state
 //! are only ever appended to or replaced atomically, and each is checked against the other on resume.
 
+mod checks;
 mod journal;
 mod plan;
 mod progress;
@@ -23,8 +25,8 @@ pub use progress::{Phase, Progress};
 use crate::gguf::SplitModel;
 use crate::source::{read_header, RangeSource};
 use crate::store::{
-    read_manifest, remove_ingest_files, write_manifest, IngestFiles, Manifest, PartIdentity, StoreDir, StoreFile, StoreLayout, StoreState, DATA_FILE,
-    HASH_FILE, JOURNAL_FILE, TAIL_FILE,
+    read_manifest, remove_ingest_files, write_checks, write_manifest, IngestFiles, Manifest, PartIdentity, StoreDir, StoreFile, StoreLayout, StoreState, DATA_FILE,
+    CHECKS_FILE, CHECKS_LOG, HASH_FILE, JOURNAL_FILE, TAIL_FILE,
 };
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use journal::Journal;
@@ -63,7 +65,7 @@ pub struct PartHint {
 /// Turns a hashing failure into the ingest's error. A part that hashed wrong cannot say which of its units are
 /// bad, so they are all forgotten (hash state rewound to the part's start, then its journal entries dropped):
 /// the next ingest fetches that part again and keeps the others' units.
-async fn settle<D: StoreDir>(dir: &D, manifest: &Manifest, verifier: &mut Verifier, units: &[Unit], result: Result<(), VerifyError>) -> Result<(), String> {
+async fn settle<D: StoreDir>(dir: &D, manifest: &Manifest, verifier: &mut Verifier<D::File>, units: &[Unit], result: Result<(), VerifyError>) -> Result<(), String> {
     let Mismatch { part, got, want } = match result {
         Ok(()) => return Ok(()),
         Err(VerifyError::Io(e)) => return Err(e),
@@ -167,6 +169,8 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
         // nothing here can be trusted: forget what vouched for old bytes, then describe the new files
         dir.remove(JOURNAL_FILE).await?;
         dir.remove(HASH_FILE).await?;
+        dir.remove(CHECKS_LOG).await?;
+        dir.remove(CHECKS_FILE).await?;
         write_manifest(dir, &manifest).await?;
     }
     let open = |name: &'static str| async move { dir.open(name, true).await?.ok_or_else(|| format!("{}: cannot create {name}", dir.describe())) };
@@ -180,7 +184,7 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     }
     let (mut journal, mut done) = Journal::open(dir, units.len()).await?;
     let expected: Vec<Option<String>> = manifest.parts.iter().map(|p| p.sha256.clone()).collect();
-    let mut verifier = Verifier::resume(dir, &layout, &units, manifest.unit_bytes, &done, &expected, options.in_flight).await?;
+    let mut verifier = Verifier::resume(dir, &files, &layout, &units, manifest.unit_bytes, &done, &expected, options.in_flight).await?;
 
     // a resumed ingest first hashes what it finds finished past the saved frontier (read back, not refetched)
     if units.get(verifier.frontier()).is_some_and(|_| done.contains(&(verifier.frontier() as u32))) {
@@ -241,11 +245,14 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     for (p, got) in manifest.parts.iter_mut().zip(digests) {
         p.sha256.get_or_insert_with(|| got.clone());
     }
+    let checks = verifier.checks(&layout).ok_or_else(|| format!("{}: every byte was hashed but not every check value computed (a bug)", dir.describe()))?;
     let size = files.data.size().await?;
     if size != layout.data_len {
         return Err(format!("{}: {DATA_FILE} is {size} bytes, expected {}: the store was changed while ingesting", dir.describe(), layout.data_len));
     }
-    drop((journal, files));
+    drop((journal, files, verifier));
+    // the check values first: a complete store always has them
+    write_checks(dir, &checks).await?;
     manifest.state = StoreState::Complete;
     write_manifest(dir, &manifest).await?;
     remove_ingest_files(dir).await?;

@@ -3,10 +3,12 @@
 //! sha256 — from memory when their bytes are still held (a few units at most), else read back from the
 //! store. The running state is saved (atomically) whenever the frontier moves, so a resumed ingest goes on
 //! hashing where it stopped: never refetching, and reading back only units finished past the frontier.
+//! The same bytes, in the same order, give the store's check values ([`RunChecks`]).
 
+use super::checks::RunChecks;
 use super::plan::Unit;
 use super::sha::ResumableSha256;
-use crate::store::{IngestFiles, StoreDir, StoreFile, StoreLayout, HASH_FILE};
+use crate::store::{IngestFiles, StoreChecks, StoreDir, StoreFile, StoreLayout, HASH_FILE};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
@@ -40,8 +42,9 @@ impl From<String> for VerifyError {
     }
 }
 
-pub struct Verifier {
+pub struct Verifier<F> {
     saved: Saved,
+    checks: RunChecks<F>,
     /// Bytes of finished units past the frontier, kept to hash without reading them back.
     held: HashMap<usize, Vec<u8>>,
     hold_at_most: usize,
@@ -51,25 +54,32 @@ fn is_sha256(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-impl Verifier {
+impl<F: StoreFile> Verifier<F> {
     /// Picks up the saved state when it agrees with the journal (every unit it claims hashed is finished)
     /// and with what is expected; anything else starts hashing from the first byte (read back, not
     /// refetched).
-    pub async fn resume<D: StoreDir>(
+    #[allow(clippy::too_many_arguments)]
+    pub async fn resume<D: StoreDir<File = F>>(
         dir: &D,
+        files: &IngestFiles<F>,
         layout: &StoreLayout,
         units: &[Unit],
         unit_bytes: u64,
         done: &HashSet<u32>,
         expected: &[Option<String>],
         hold_at_most: usize,
-    ) -> Result<Verifier, String> {
+    ) -> Result<Verifier<F>, String> {
         let fresh = Saved { unit_bytes, next_unit: 0, finished: Vec::new(), current: ResumableSha256::new() };
         let saved = match dir.read_all(HASH_FILE).await? {
             Some(bytes) => serde_json::from_slice::<Saved>(&bytes).ok().filter(|s| Self::agrees(s, layout, units, unit_bytes, done, expected)).unwrap_or(fresh),
             None => fresh,
         };
-        Ok(Verifier { saved, held: HashMap::new(), hold_at_most: hold_at_most.max(1) })
+        let position = match units.get(saved.next_unit) {
+            Some(u) => (u.part, u.start),
+            None => (layout.part_lens.len(), 0),
+        };
+        let checks = RunChecks::resume(dir, files, layout, position).await?;
+        Ok(Verifier { saved, checks, held: HashMap::new(), hold_at_most: hold_at_most.max(1) })
     }
 
     fn agrees(s: &Saved, layout: &StoreLayout, units: &[Unit], unit_bytes: u64, done: &HashSet<u32>, expected: &[Option<String>]) -> bool {
@@ -102,7 +112,8 @@ impl Verifier {
 
     /// Hashes every finished unit from the frontier on, in order, stopping at the first unfinished one; a part
     /// whose last unit is hashed is checked against its expected sha256. `on_hashed` hears each unit's bytes.
-    pub async fn advance<D: StoreDir, F: StoreFile>(
+    #[allow(clippy::too_many_arguments)]
+    pub async fn advance<D: StoreDir>(
         &mut self,
         dir: &D,
         files: &IngestFiles<F>,
@@ -123,6 +134,7 @@ impl Verifier {
                 None => files.read_part_range(layout, u.part, u.start, u.len).await?,
             };
             self.saved.current.update(&bytes);
+            self.checks.feed(u.part, u.start, &bytes);
             self.saved.next_unit += 1;
             on_hashed(u.len);
             if u.ends_part(layout) {
@@ -137,6 +149,8 @@ impl Verifier {
         }
         self.held.retain(|&k, _| k >= self.saved.next_unit);
         if self.saved.next_unit != began {
+            // the check values of the runs finished, then the state that counts their bytes as hashed
+            self.checks.save().await?;
             let bytes = serde_json::to_vec(&self.saved).map_err(|e| e.to_string())?;
             dir.write_atomic(HASH_FILE, &bytes).await?;
         }
@@ -150,8 +164,14 @@ impl Verifier {
         self.saved.finished.truncate(part);
         self.saved.current = ResumableSha256::new();
         self.held.clear();
+        self.checks.rewind_to_part(part).await?;
         let bytes = serde_json::to_vec(&self.saved).map_err(|e| e.to_string())?;
         dir.write_atomic(HASH_FILE, &bytes).await
+    }
+
+    /// The store's check values, once every unit is hashed.
+    pub fn checks(&self, layout: &StoreLayout) -> Option<StoreChecks> {
+        self.checks.checks(layout)
     }
 
     /// The sha256 of every part, once every unit is hashed.

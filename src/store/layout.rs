@@ -62,6 +62,8 @@ pub struct StoreLayout {
     pub ingest_len: u64,
     /// Every byte of every part, sorted by (part, file_offset), covering each part exactly.
     pub pieces: Vec<Piece>,
+    /// Trunk layers of the model (MoE or dense), the length of [`super::StoreChecks::experts`].
+    pub n_layer: usize,
 }
 
 fn align(x: u64) -> u64 {
@@ -147,7 +149,7 @@ impl StoreLayout {
             fill(cursor.0, cursor.1, model.part_lens[cursor.0], &mut full, &mut tail);
             cursor = (cursor.0 + 1, 0);
         }
-        Ok(StoreLayout { part_lens: model.part_lens.clone(), header_offsets, header_lens, dense, experts, data_len, ingest_len: tail, pieces: full })
+        Ok(StoreLayout { part_lens: model.part_lens.clone(), header_offsets, header_lens, dense, experts, data_len, ingest_len: tail, pieces: full, n_layer: config.n_layer })
     }
 
     /// The pieces overlapping bytes [start, start+len) of `part`, clipped to that range.

@@ -20,7 +20,7 @@ pub use fs::{FsDir, FsFile};
 pub use layout::{Piece, StoreLayout, StorePartView};
 pub use manifest::{Manifest, PartIdentity, StoreState, FORMAT_VERSION};
 #[cfg(target_arch = "wasm32")]
-pub use opfs::{check_quota, estimate, persist, Access, OpfsDir, OpfsFile, STORES_FOLDER};
+pub use opfs::{check_quota, estimate, estimate_may_be_capped, persist, space_verdict, Access, OpfsDir, OpfsFile, STORES_FOLDER};
 
 /// Name of the data file inside a store: headers, dense tensors, expert records (`data_len` bytes, always).
 pub const DATA_FILE: &str = "data.bin";
@@ -33,8 +33,11 @@ pub const JOURNAL_FILE: &str = "journal.bin";
 pub const TAIL_FILE: &str = "tail.bin";
 /// The ingest's running sha256 (how far in file order every part is hashed), so a resume goes on from there.
 pub const HASH_FILE: &str = "hash.json";
+/// The check values of the runs (dense tensors, expert rows) hashed so far while ingesting: entries of a
+/// little-endian u32 run index and u64 value, appended before the hash state that counts them is saved.
+pub const CHECKS_LOG: &str = "checks.log";
 /// Files that exist only while ingesting; a complete store has none of them.
-pub const INGEST_FILES: [&str; 3] = [JOURNAL_FILE, TAIL_FILE, HASH_FILE];
+pub const INGEST_FILES: [&str; 4] = [JOURNAL_FILE, TAIL_FILE, HASH_FILE, CHECKS_LOG];
 
 /// Where [`StoreDir::write_atomic`] writes a file's next contents before they replace it (a kill can leave
 /// one behind; [`remove_ingest_files`] clears them).

@@ -53,14 +53,18 @@ impl Access {
     }
 }
 
+/// What a write refused for want of room says (QuotaExceededError, or a write that stored fewer bytes than
+/// given): the store keeps every finished unit, so an ingest resumes after space is freed.
+fn out_of_space(what: &str, detail: &str) -> String {
+    format!(
+        "{what}: not enough storage: {detail}; free space (other stores, site data, the disk) and ingest again: \
+         the store keeps every finished unit and resumes where it stopped"
+    )
+}
+
 fn quota_message(e: &JsValue, what: &str) -> Option<String> {
-    (js::error_name(e).as_deref() == Some("QuotaExceededError")).then(|| {
-        format!(
-            "{what}: the browser's storage quota for this site is exhausted ({}); free space (other stores, site data) \
-             and ingest again: the store keeps every finished unit and resumes where it stopped",
-            js::message(e)
-        )
-    })
+    (js::error_name(e).as_deref() == Some("QuotaExceededError"))
+        .then(|| out_of_space(what, &format!("the browser's storage quota for this site is exhausted ({})", js::message(e))))
 }
 
 /// A JS error from an OPFS call on `what`, quota errors spelled out.
@@ -119,6 +123,36 @@ pub async fn persist() -> Result<Option<bool>, String> {
     };
     let promise = promise.map_err(opfs_err("navigator.storage.persist()"))?;
     Ok(call(promise, "navigator.storage.persist()").await?.as_bool())
+}
+
+const GIB: u64 = 1 << 30;
+
+/// Whether `quota - usage` may be Chrome's static figure rather than the real room: since Chrome 138,
+/// `estimate()` reports `usage + min(10 GiB, disk)` to every site whatever its real quota, so a whole number
+/// of GiB up to 10 GiB says nothing about how much more fits.
+pub fn estimate_may_be_capped(quota: u64, usage: u64) -> bool {
+    let free = quota.saturating_sub(usage);
+    free > 0 && free <= 10 * GIB && free % GIB == 0
+}
+
+/// The space check before an ingest writes: `Ok(None)` when `needed` fits, `Ok(Some(warning))` when it does not
+/// fit the estimate but the estimate may be Chrome's capped figure (then the writes find out, with a clear
+/// error at the real quota), `Err` when the estimate (or `limit`, a budget set on the store) is authoritative.
+pub fn space_verdict(needed: u64, quota: u64, usage: u64, limit: Option<u64>) -> Result<Option<String>, String> {
+    let limited = limit.map(|l| quota.min(usage.saturating_add(l))).filter(|&q| q < quota);
+    if let Some(q) = limited {
+        return check_quota(needed, q, usage).map(|()| None);
+    }
+    match check_quota(needed, quota, usage) {
+        Ok(()) => Ok(None),
+        Err(_) if estimate_may_be_capped(quota, usage) => Ok(Some(format!(
+            "the store needs {needed} more bytes and navigator.storage.estimate() allows {} more, but that is the \
+             figure Chrome reports to every site (usage + min(10 GiB, disk)), not the real quota: ingesting anyway; a \
+             write past the real quota stops the ingest with a clear error, and it resumes after space is freed",
+            quota.saturating_sub(usage)
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether `needed` more bytes fit in what the browser allows this site (`quota - usage`).
@@ -232,9 +266,11 @@ impl StoreFile for OpfsFile {
     async fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), String> {
         let what = format!("{}: write {} bytes at {offset}", self.0.label, data.len());
         if let Some(h) = self.sync()? {
-            let n = h.write_with_u8_array_and_options(data, &Self::at(offset)).map_err(opfs_err(&what))? as usize;
-            if n != data.len() {
-                return Err(format!("{what}: only {n} were written (is the disk full?)"));
+            // at the quota Chromium has answered 4294967288 (2^32 - 8) instead of throwing QuotaExceededError: any
+            // count but the length is a write that did not happen as asked; the journal does not vouch for it
+            let n = h.write_with_u8_array_and_options(data, &Self::at(offset)).map_err(opfs_err(&what))?;
+            if n != data.len() as f64 {
+                return Err(out_of_space(&what, &format!("the browser wrote {n} of the {} bytes (its storage quota for this site or the disk is full)", data.len())));
             }
             return Ok(());
         }
@@ -490,10 +526,13 @@ impl StoreDir for OpfsDir {
 
     async fn ensure_space(&self, bytes: u64) -> Result<(), String> {
         let (quota, usage) = estimate().await?;
-        let quota = match self.space_limit {
-            Some(limit) => quota.min(usage.saturating_add(limit)),
-            None => quota,
-        };
-        check_quota(bytes, quota, usage).map_err(|e| format!("{}: {e}", self.describe()))
+        match space_verdict(bytes, quota, usage, self.space_limit) {
+            Ok(None) => Ok(()),
+            Ok(Some(warning)) => {
+                web_sys::console::warn_1(&format!("{}: {warning}", self.describe()).into());
+                Ok(())
+            }
+            Err(e) => Err(format!("{}: {e}", self.describe())),
+        }
     }
 }

@@ -9,7 +9,7 @@
 use super::{get, js_error, to_js};
 use crate::ingest::{IngestOptions, PartHint, Progress};
 use crate::source::{BlobSource, HttpSource, RangeSource, Tracked};
-use crate::store::{open_complete, read_manifest, Access, Manifest, OpfsDir, OpfsFile, StorePartView, StoreState};
+use crate::store::{open_complete, read_checks, read_manifest, Access, Manifest, OpfsDir, OpfsFile, StoreChecks, StoreDir, StorePartView, StoreState, JOURNAL_FILE};
 use serde::Serialize;
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
@@ -68,6 +68,12 @@ export interface StoreSummary {
   bytes: number;
   /** Bytes of GGUF it holds the model of. */
   modelBytes: number;
+  /** Bytes of GGUF already in the store: for an ingesting store, the finished units (from its journal; what a
+   *  resume does not fetch again), null while an ingest running elsewhere holds the journal; `bytesTotal` when
+   *  complete, 0 when empty. */
+  bytesDone: number | null;
+  /** Bytes of GGUF the store holds when complete (`modelBytes`; 0 when empty). */
+  bytesTotal: number;
   parts: StorePart[];
   /** Whether the browser agreed to keep this site's storage under pressure (ingest only; null if unknown). */
   persisted?: boolean | null;
@@ -102,14 +108,22 @@ struct StoreSummary {
     model: Option<String>,
     bytes: u64,
     model_bytes: u64,
+    bytes_done: Option<u64>,
+    bytes_total: u64,
     parts: Vec<PartSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     persisted: Option<Option<bool>>,
 }
 
-fn summary(name: &str, manifest: Option<&Manifest>) -> StoreSummary {
+/// A store's summary; `journal` is its journal's bytes when ingesting (`None`: unreadable now).
+fn summary(name: &str, manifest: Option<&Manifest>, journal: Option<&[u8]>) -> StoreSummary {
     let Some(m) = manifest else {
-        return StoreSummary { name: name.into(), state: "empty", model: None, bytes: 0, model_bytes: 0, parts: Vec::new(), persisted: None };
+        return StoreSummary { name: name.into(), state: "empty", model: None, bytes: 0, model_bytes: 0, bytes_done: Some(0), bytes_total: 0, parts: Vec::new(), persisted: None };
+    };
+    let model_bytes = m.parts.iter().map(|p| p.size).sum();
+    let bytes_done = match m.state {
+        StoreState::Complete => Some(model_bytes),
+        StoreState::Ingesting => journal.map(|j| m.journaled_bytes(j)),
     };
     let (state, bytes) = match m.state {
         StoreState::Complete => ("complete", m.data_len),
@@ -121,7 +135,9 @@ fn summary(name: &str, manifest: Option<&Manifest>) -> StoreSummary {
         state,
         model: m.parts.first().map(|p| p.url.clone()),
         bytes,
-        model_bytes: m.parts.iter().map(|p| p.size).sum(),
+        model_bytes,
+        bytes_done,
+        bytes_total: model_bytes,
         parts: m.parts.iter().map(|p| PartSummary { source: p.url.clone(), size: p.size, sha256: p.sha256.clone(), etag: p.etag.clone() }).collect(),
         persisted: None,
     }
@@ -131,7 +147,13 @@ fn summary(name: &str, manifest: Option<&Manifest>) -> StoreSummary {
 async fn info(name: &str) -> Result<Option<StoreSummary>, String> {
     let Some(dir) = OpfsDir::open(name, false).await? else { return Ok(None) };
     let dir = dir.with_access(Access::Async);
-    Ok(Some(summary(name, read_manifest(&dir).await?.as_ref())))
+    let manifest = read_manifest(&dir).await?;
+    // an ingest in progress (another worker) may hold the journal: then how far it is is not known here
+    let journal = match &manifest {
+        Some(m) if m.state == StoreState::Ingesting => dir.read_all(JOURNAL_FILE).await.map(|j| j.unwrap_or_default()).ok(),
+        _ => None,
+    };
+    Ok(Some(summary(name, manifest.as_ref(), journal.as_deref())))
 }
 
 /// A whole number in [1, max], or the default.
@@ -243,7 +265,7 @@ pub async fn ingest_js(options: JsValue) -> Result<JsValue, JsError> {
         }
     }
     .map_err(js_error)?;
-    let mut s = summary(&store, Some(&manifest));
+    let mut s = summary(&store, Some(&manifest), None);
     s.persisted = Some(persisted);
     to_js(&s)
 }
@@ -299,4 +321,13 @@ pub(super) async fn open_store(name: &str) -> Result<(crate::gguf::SplitModel, V
         .map_err(js_error)?
         .ok_or_else(|| js_error(format!("Engine.load: there is no store named {name:?} (make it with ingest({{ store: {name:?}, model }}))")))?;
     open_complete(&dir).await.map_err(|e| js_error(format!("Engine.load: {e}")))
+}
+
+/// A store's check values (for `Engine.load({ store })`: every dense tensor and expert record read is checked
+/// before it reaches the GPU); `None` for a store made before stores had them.
+pub(super) async fn store_checks(name: Option<&str>) -> Result<Option<StoreChecks>, JsError> {
+    let Some(name) = name else { return Ok(None) };
+    let Some(dir) = OpfsDir::open(name, false).await.map_err(js_error)? else { return Ok(None) };
+    // read without taking a lock: the engine's views hold the data file's
+    read_checks(&dir.with_access(Access::Async)).await.map_err(|e| js_error(format!("Engine.load: {e}")))
 }

@@ -110,6 +110,42 @@ test("a download that does not fit the quota is refused before it starts, with t
   }
 });
 
+test("the worker client: an error in the worker fails every pending call and every later one; terminate() ends it at once", { timeout: 60_000 }, async () => {
+  const browser = await launchWith();
+  try {
+    const { page, errors, logs } = await open(browser, "worker");
+    const r = await page.evaluate(async () => {
+      const { WorkerEngine } = await import("/pkg/lingtab-client.js");
+      const worker = (src) => new Worker(URL.createObjectURL(new Blob([src], { type: "text/javascript" })));
+      const outcome = (p) => p.then((v) => ({ ok: v ?? null }), (e) => ({ error: e.message }));
+      // a worker that never answers, then throws
+      const crashing = new WorkerEngine(worker("onmessage = () => {}; setTimeout(() => { throw new Error('boom in the worker'); }, 300);"));
+      const pending = Promise.all([outcome(crashing.stats()), outcome(crashing.reset()), outcome(crashing.generate([{ role: "user", content: "hi" }]).next())]);
+      const crashed = await pending;
+      const later = [await outcome(crashing.stats()), await outcome(crashing.generate([{ role: "user", content: "hi" }]).next())];
+      // terminate(): a worker stuck in a loop, with a request in flight
+      const busy = new WorkerEngine(worker("onmessage = () => { for (;;) {} };"));
+      const inFlight = outcome(busy.stats());
+      const t0 = performance.now();
+      busy.terminate();
+      const terminated = await inFlight;
+      const ms = performance.now() - t0;
+      const afterTerminate = await outcome(busy.reset());
+      const disposed = await outcome(busy.dispose());
+      return { crashed, later, terminated, ms, afterTerminate, disposed };
+    });
+    for (const c of r.crashed) assert.match(c.error ?? "", /^the engine's worker stopped \(an error in the worker: .*boom in the worker\): load it again$/, JSON.stringify(r));
+    for (const c of r.later) assert.equal(c.error, "the engine's worker stopped: load it again", JSON.stringify(r));
+    assert.equal(r.terminated.error, "the engine was terminated: load it again");
+    assert.ok(r.ms < 1000, `terminate() took ${r.ms} ms to fail the pending call`);
+    assert.equal(r.afterTerminate.error, "the engine's worker stopped: load it again");
+    assert.deepEqual(r.disposed, { ok: null }, "dispose() of a stopped engine is a no-op");
+    assert.deepEqual(errors, [], logs.join("\n"));
+  } finally {
+    await browser.close();
+  }
+});
+
 test("without a WebGPU adapter the page says so and what to do", { timeout: 60_000 }, async () => {
   // the same Chromium without its WebGPU switches: Linux Chromium has no WebGPU by default
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium", headless: true,
@@ -150,6 +186,8 @@ test("the page: download into OPFS, pause, reload mid-download and resume, load,
     await page.click("#download");
     await page.waitForSelector("#notice:not([hidden])", { timeout: 60_000 });
     assert.equal(await text(page, "#notice-title"), "Not enough storage for this model", fail(await text(page, "#notice")));
+    // the write-time error (QuotaExceededError, or Chromium's odd write count at the quota) in the ingest's words
+    assert.match(await text(page, "#notice-text"), /not enough storage: .*(quota|wrote \d+ of the \d+ bytes).*resumes where it stopped/s);
     await page.waitForSelector('#stores li[data-store="tiny-ling"] button:text-is("Resume")');
     await shot("quota-exceeded");
     await cdp.send("Storage.overrideQuotaForOrigin", { origin: base });

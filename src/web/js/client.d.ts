@@ -12,4 +12,7 @@ export declare class WorkerEngine {
   stats(): Promise<EngineStats>;
   reset(): Promise<void>;
   dispose(): Promise<void>;
+  /** Ends the worker at once, whatever it is doing; pending calls reject, and so does every later call
+   *  ("the engine's worker stopped: load it again"). An uncaught error in the worker does the same. */
+  terminate(): void;
 }

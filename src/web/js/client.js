@@ -8,13 +8,34 @@ export class WorkerEngine {
   #worker;
   #next = 1;
   #pending = new Map(); // request id → { onMessage }
+  #dead = null; // why the worker stopped (an Error's message), once it has
 
   constructor(worker) {
     this.#worker = worker;
     worker.onmessage = ({ data }) => this.#pending.get(data.id)?.onMessage(data);
+    // an uncaught error in the worker (or its script failing to load): the worker is not to be trusted with more
+    // requests; every pending one fails now instead of waiting forever, and the page's console is spared the
+    // unhandled error event
     worker.onerror = (e) => {
-      for (const p of this.#pending.values()) p.onMessage({ type: "error", message: e.message ?? "the lingtab worker failed" });
+      e.preventDefault?.();
+      const why = e.message ? `an error in the worker: ${e.message}` : "the worker failed (its script did not load, or it crashed)";
+      this.#stop(`the engine's worker stopped (${why}): load it again`);
     };
+  }
+
+  /** Ends the worker at once (whatever it is doing: a load, a reply, an ingest); every pending request fails.
+   *  Later calls fail too: load again for a new engine. */
+  terminate() {
+    this.#stop("the engine was terminated: load it again");
+  }
+
+  #stop(message) {
+    if (this.#dead) return;
+    this.#dead = message;
+    this.#worker.terminate();
+    const pending = [...this.#pending.values()];
+    this.#pending.clear();
+    for (const p of pending) p.onMessage({ type: "error", message });
   }
 
   /** Starts a worker and loads the model in it (options as Engine.load; functions stay on this side). */
@@ -63,6 +84,7 @@ export class WorkerEngine {
   /** Streams a reply, as Engine.generate. */
   generate(messages, options) {
     const { signal, ...rest } = options ?? {};
+    if (this.#dead) return WorkerEngine.#failed();
     const id = this.#id();
     const queue = [];
     let wake = null, finished = false, failure = null;
@@ -94,8 +116,9 @@ export class WorkerEngine {
   stats() { return this.#request(this.#id(), { type: "stats" }); }
   reset() { return this.#request(this.#id(), { type: "reset" }); }
   async dispose() {
+    if (this.#dead) return;
     await this.#request(this.#id(), { type: "dispose" });
-    this.#worker.terminate();
+    this.#stop("the engine was disposed: load it again");
   }
 
   static #spawn() { return new Worker(new URL("./lingtab-worker.js", import.meta.url), { type: "module" }); }
@@ -109,9 +132,16 @@ export class WorkerEngine {
     }
   }
 
+  /** What the calls on a stopped engine give: a generation that fails when iterated. */
+  static #failed() {
+    const error = () => Promise.reject(new Error("the engine's worker stopped: load it again"));
+    return { [Symbol.asyncIterator]() { return this; }, next: error, return: async () => ({ value: undefined, done: true }) };
+  }
+
   #id() { return this.#next++; }
-  #post(message) { this.#worker.postMessage(message); }
+  #post(message) { if (!this.#dead) this.#worker.postMessage(message); }
   #request(id, message, onOther) {
+    if (this.#dead) return Promise.reject(new Error("the engine's worker stopped: load it again"));
     return new Promise((resolve, reject) => {
       this.#pending.set(id, {
         onMessage: (m) => {
