@@ -221,6 +221,11 @@ pub struct CacheStats {
 }
 
 impl CacheStats {
+    /// Zeroed counters for a pool of `pool_slots` slots of `slot_bytes` bytes, per-layer counters for `n_layer`.
+    pub fn new(policy: &str, pool_slots: u32, slot_bytes: u64, n_layer: usize) -> CacheStats {
+        CacheStats { policy: policy.into(), pool_slots, slot_bytes, layer_hits: vec![0; n_layer], layer_misses: vec![0; n_layer], ..Default::default() }
+    }
+
     pub fn hit_rate(&self) -> f64 {
         let n = self.hits + self.misses;
         if n == 0 {

@@ -207,9 +207,6 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
         if c.is_moe_layer(l) {
             let sel = s.sel[l].as_ref().expect("MoE layers have a selection buffer");
             moe_route(gpu, p, c, &t, s, sel)?;
-            let layer_hits = stats.layer_hits.len().max(c.n_layer);
-            stats.layer_hits.resize(layer_hits, 0);
-            stats.layer_misses.resize(layer_hits, 0);
             match experts {
                 Experts::Resident => {
                     stats.hits += c.n_expert_used as u64;

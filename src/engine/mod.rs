@@ -120,7 +120,7 @@ impl Engine {
 
     #[allow(clippy::too_many_arguments)]
     fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, state: State, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
-        let stats = CacheStats { policy: policy.into(), pool_slots: pool.n_slots, slot_bytes: pool.slot_bytes, ..Default::default() };
+        let stats = CacheStats::new(policy, pool.n_slots, pool.slot_bytes, config.n_layer);
         Engine { gpu, config, weights, pool, experts, state, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding }
     }
 
@@ -180,7 +180,7 @@ impl Engine {
         }
         self.experts = Experts::Streaming { cache: ExpertCache::new(self.config.n_layer, tensors.n_expert, slots, policy), reader };
         self.reset();
-        self.stats = CacheStats { policy: policy.name(), pool_slots: slots, slot_bytes: self.pool.slot_bytes, ..Default::default() };
+        self.stats = CacheStats::new(&policy.name(), slots, self.pool.slot_bytes, self.config.n_layer);
         Ok(())
     }
 
@@ -200,8 +200,7 @@ impl Engine {
 
     /// Zeroes the counters (not the cache).
     pub fn reset_stats(&mut self) {
-        let fresh = CacheStats { policy: self.stats.policy.clone(), pool_slots: self.stats.pool_slots, slot_bytes: self.stats.slot_bytes, ..Default::default() };
-        self.stats = fresh;
+        self.stats = CacheStats::new(&self.stats.policy, self.stats.pool_slots, self.stats.slot_bytes, self.config.n_layer);
     }
 
     pub fn gpu_bytes(&self) -> GpuBytes {

@@ -164,11 +164,15 @@ fn to_js<T: Serialize>(value: &T) -> Result<JsValue, JsError> {
 }
 
 fn now_ms() -> f64 {
-    js_sys::Reflect::get(&js_sys::global(), &"performance".into())
-        .ok()
-        .and_then(|p| js_sys::Reflect::get(&p, &"now".into()).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok()).and_then(|f| f.call0(&p).ok()))
-        .and_then(|v| v.as_f64())
-        .unwrap_or_else(js_sys::Date::now)
+    crate::clock::now_s() * 1000.0
+}
+
+/// The engine's expert-cache counters as JS sees them (`ExpertCacheStats`, with the hit rate).
+fn expert_stats(engine: &crate::engine::Engine) -> serde_json::Value {
+    let cache = engine.stats();
+    let mut experts = serde_json::to_value(cache).unwrap_or_default();
+    experts["hitRate"] = cache.hit_rate().into();
+    experts
 }
 
 fn get(obj: &JsValue, key: &str) -> Option<JsValue> {
@@ -496,13 +500,8 @@ impl Engine {
         let mut stats = self.stats.borrow().clone();
         if let Some(session) = self.session.borrow().as_ref() {
             stats.position = session.engine.position();
-            let cache = session.engine.stats();
-            let mut experts = serde_json::to_value(cache).map_err(|e| js_error(e.to_string()))?;
-            experts["hitRate"] = cache.hit_rate().into();
-            self.stats.borrow_mut().experts = experts.clone();
-            stats.experts = experts;
+            stats.experts = expert_stats(&session.engine);
             stats.gpu_bytes = Some(session.engine.gpu_bytes());
-            self.stats.borrow_mut().gpu_bytes = stats.gpu_bytes.clone();
         }
         to_js(&stats)
     }
@@ -571,11 +570,7 @@ impl GenerationStream {
                 let mut st = stats.borrow_mut();
                 st.position = session.engine.position();
                 // the engine is out of `Engine.session` while a generation runs: its counters are copied here
-                let cache = session.engine.stats();
-                if let Ok(mut experts) = serde_json::to_value(cache) {
-                    experts["hitRate"] = cache.hit_rate().into();
-                    st.experts = experts;
-                }
+                st.experts = expert_stats(&session.engine);
                 st.gpu_bytes = Some(session.engine.gpu_bytes());
                 st.prompt_tokens = state.prompt_tokens().len();
                 st.generated_tokens = state.tokens().len();
