@@ -31,37 +31,70 @@ struct Params {
 const WG: u32 = 64u;
 var<workgroup> partial: array<f32, 64>;
 
-// Σ over the 32 values of sub-block `sb` of the row at byte `row`, times x[xb ..].
+// Σ over the 32 values of task `sb` of the row at byte `row`, times x. `xb` is where the x of sub-block `sb`
+// starts (the 32 consecutive values most types' tasks cover). Q4_K and Q6_K tasks instead cover the values one
+// stretch of packed bytes holds, read as whole words: a task is 1/8 of a 256-value block either way, so every
+// value is covered once and the lanes of a row read neighbouring words.
 fn dot32(row: u32, sb: u32, xb: u32) -> f32 {
     var acc = 0.0;
     switch p.ty {
-        case 12u: { // Q4_K
+        case 12u: { // Q4_K: task t = bytes 16·(t%2).. of 64-value chunk t/2: low nibbles, then high (32 values on)
             let block = row + (sb / 8u) * 144u;
-            let s = sb % 8u;
-            let sm = q4_k_scale_min(block, s);
-            let d1 = w_f16(block) * sm.x;
-            let m1 = w_f16(block + 2u) * sm.y;
-            let qs = block + 16u + (s / 2u) * 32u;
-            let shift = (s % 2u) * 4u;
-            for (var l = 0u; l < 32u; l++) {
-                let q = (w_byte(qs + l) >> shift) & 15u;
-                acc += (d1 * f32(q) - m1) * x[xb + l];
+            let t = sb % 8u;
+            let c = t / 2u;
+            let dm = unpack2x16float(weights[block >> 2u]);
+            let lo = q4_k_scale_min(block, 2u * c);
+            let hi = q4_k_scale_min(block, 2u * c + 1u);
+            let qw = (block + 16u + c * 32u + (t % 2u) * 16u) >> 2u;
+            let xl = xb - t * 32u + c * 64u + (t % 2u) * 16u;
+            var q_lo = 0.0;
+            var q_hi = 0.0;
+            var x_lo = 0.0;
+            var x_hi = 0.0;
+            for (var i = 0u; i < 4u; i++) {
+                let w = weights[qw + i];
+                for (var b = 0u; b < 4u; b++) {
+                    let a = x[xl + 4u * i + b];
+                    let z = x[xl + 32u + 4u * i + b];
+                    let byte = w >> (8u * b);
+                    q_lo += f32(byte & 15u) * a;
+                    q_hi += f32((byte >> 4u) & 15u) * z;
+                    x_lo += a;
+                    x_hi += z;
+                }
             }
+            acc = dm.x * (lo.x * q_lo + hi.x * q_hi) - dm.y * (lo.y * x_lo + hi.y * x_hi);
         }
-        case 14u: { // Q6_K
+        case 14u: { // Q6_K: task t = values 8·(t%4).. of each quarter of half t/4 (4 scales, 8 values each)
             let block = row + (sb / 8u) * 210u;
-            let half = (sb % 8u) / 4u;
-            let quarter = sb % 4u;
-            let d = w_f16(block + 208u);
-            let ql = block + half * 64u + select(0u, 32u, quarter == 1u || quarter == 3u);
-            let qh = block + 128u + half * 32u;
-            let ql_shift = select(0u, 4u, quarter >= 2u);
-            for (var l = 0u; l < 32u; l++) {
-                let low4 = (w_byte(ql + l) >> ql_shift) & 15u;
-                let q = i32(low4 | (((w_byte(qh + l) >> (2u * quarter)) & 3u) << 4u)) - 32;
-                let sc = sign_extend8(w_byte(block + 192u + half * 8u + l / 16u + 2u * quarter));
-                acc += (d * f32(sc)) * f32(q) * x[xb + l];
+            let t = sb % 8u;
+            let half = t / 4u;
+            let l0 = (t % 4u) * 8u;
+            let xq = xb - t * 32u + half * 128u + l0;
+            let ql = block + half * 64u + l0;
+            let qh = block + 128u + half * 32u + l0;
+            var a0 = 0.0;
+            var a1 = 0.0;
+            var a2 = 0.0;
+            var a3 = 0.0;
+            for (var i = 0u; i < 2u; i++) {
+                let lo = w_u32_even(ql + 4u * i);
+                let hi = w_u32_even(ql + 32u + 4u * i);
+                let h = w_u32_even(qh + 4u * i);
+                for (var b = 0u; b < 4u; b++) {
+                    let s = 8u * b;
+                    let hb = h >> s;
+                    let xi = xq + 4u * i + b;
+                    a0 += f32(i32(((lo >> s) & 15u) | ((hb & 3u) << 4u)) - 32) * x[xi];
+                    a1 += f32(i32(((hi >> s) & 15u) | (((hb >> 2u) & 3u) << 4u)) - 32) * x[xi + 32u];
+                    a2 += f32(i32(((lo >> (s + 4u)) & 15u) | (((hb >> 4u) & 3u) << 4u)) - 32) * x[xi + 64u];
+                    a3 += f32(i32(((hi >> (s + 4u)) & 15u) | (((hb >> 6u) & 3u) << 4u)) - 32) * x[xi + 96u];
+                }
             }
+            let sc = block + 192u + half * 8u + l0 / 16u;
+            let d = w_f16(block + 208u);
+            acc = d * (f32(sign_extend8(w_byte(sc))) * a0 + f32(sign_extend8(w_byte(sc + 2u))) * a1
+                     + f32(sign_extend8(w_byte(sc + 4u))) * a2 + f32(sign_extend8(w_byte(sc + 6u))) * a3);
         }
         default: {
             for (var l = 0u; l < 32u; l++) {

@@ -17,6 +17,13 @@ fn w_u32(b: u32) -> u32 {
     return w_byte(b) | (w_byte(b + 1u) << 8u) | (w_byte(b + 2u) << 16u) | (w_byte(b + 3u) << 24u);
 }
 
+// a little-endian u32 at an even byte offset (Q6_K blocks are 210 bytes: every other row starts mid-word)
+fn w_u32_even(b: u32) -> u32 {
+    let i = b >> 2u;
+    if ((b & 2u) == 0u) { return weights[i]; }
+    return (weights[i] >> 16u) | (weights[i + 1u] << 16u);
+}
+
 fn sign_extend8(v: u32) -> i32 {
     return i32(v << 24u) >> 24;
 }

@@ -124,5 +124,6 @@ impl Pass {
             }
         }
         gpu.queue.submit([encoder.finish()]);
+        gpu.count_submit(self.dispatches.len());
     }
 }

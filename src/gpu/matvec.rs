@@ -99,6 +99,14 @@ fn workgroups(m: Matrix) -> u32 {
 
 fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Strided, y_at: Strided, experts: [u32; 4]) -> Vec<P> {
     assert!(w_offset < u32::MAX as u64 && w_stride < u32::MAX as u64, "one binding is at most 4 GiB");
+    // the Q4_K and Q6_K paths read whole words: Q4_K rows must start on a word, Q6_K rows on an even byte
+    let align = match m.ty {
+        GgmlType::Q4_K => 4,
+        GgmlType::Q6_K => 2,
+        _ => 1,
+    };
+    let slot_bytes = experts[0] as u64;
+    assert!(w_offset % align == 0 && w_stride % align == 0 && slot_bytes % align == 0, "{:?} rows must start {align}-byte aligned", m.ty);
     let mut p = vec![
         P::U(m.rows),
         P::U(m.cols),

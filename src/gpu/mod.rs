@@ -89,6 +89,15 @@ fn check_limits(limits: &wgpu::Limits) -> Result<(), GpuError> {
     Ok(())
 }
 
+/// What the engine asked of the GPU so far: benchmarks divide these by tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GpuCounters {
+    pub dispatches: u64,
+    pub submits: u64,
+    /// Readbacks: each one waits for the GPU (a CPU↔GPU sync).
+    pub readbacks: u64,
+}
+
 /// An adapter, its device and queue.
 pub struct Gpu {
     pub adapter: wgpu::Adapter,
@@ -101,6 +110,7 @@ pub struct Gpu {
     /// The first GPU error nobody caught (a validation or out-of-memory error): the results after it are
     /// not to be trusted.
     uncaptured: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    counters: std::cell::Cell<GpuCounters>,
 }
 
 impl Gpu {
@@ -166,7 +176,25 @@ impl Gpu {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
         };
-        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default() })
+    }
+
+    pub fn counters(&self) -> GpuCounters {
+        self.counters.get()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut GpuCounters)) {
+        let mut c = self.counters.get();
+        f(&mut c);
+        self.counters.set(c);
+    }
+
+    /// Counts a submission of `dispatches` kernels (the passes call this as they submit).
+    pub(crate) fn count_submit(&self, dispatches: usize) {
+        self.count(|c| {
+            c.submits += 1;
+            c.dispatches += dispatches as u64;
+        });
     }
 
     /// An error once the device is lost or has raised an error nobody caught; work on it is pointless then.
@@ -211,6 +239,10 @@ impl Gpu {
         let mut encoder = self.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
         self.queue.submit([encoder.finish()]);
+        self.count(|c| {
+            c.submits += 1;
+            c.readbacks += 1;
+        });
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
