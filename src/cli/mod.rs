@@ -1,5 +1,6 @@
 //! Native command-line subcommands.
 
+pub mod bench;
 pub mod bench_stream;
 pub mod dequant;
 pub mod generate;
@@ -74,6 +75,17 @@ enum Command {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Prefill and decode speed, syncs/dispatches/submits and store bytes per token, resident and streaming
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        args: bench::BenchArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// The matrix-vector kernels at Ling 3.0 Flash's shapes against the memory-read rate (no model needed)
+    BenchKernels(bench::BenchKernelsArgs),
     /// The expert cache per pool size and eviction policy on the same decoded tokens (LRU as the baseline)
     BenchStream {
         #[command(flatten)]
@@ -210,6 +222,8 @@ pub fn main() {
             run::logits(&model.path(), &tokens, &out, margins.as_deref(), &engine.options())
         }
         Command::Greedy { model, tokens, n, engine } => run::greedy(&model.path(), &tokens, n, &engine.options()),
+        Command::Bench { model, args, engine } => bench::run(&model.path(), &args, &engine.options()),
+        Command::BenchKernels(args) => bench::kernels(&args),
         Command::BenchStream { model, args, engine } => bench_stream::run(&model.path(), &args, &engine.options()),
         Command::Generate { args, engine } => {
             generate::generate(&args.gguf, &args.prompt, args.system.as_deref(), args.raw, &args.gen, &engine.options())

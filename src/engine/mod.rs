@@ -2,6 +2,7 @@
 //! recurrent and conv states and the MLA latent cache held on the GPU, and routed experts read from the pool.
 //! llama.cpp's `src/models/bailingmoe3.cpp` is the reference; `forward.rs` follows its order of operations.
 
+pub mod bench;
 pub mod cache;
 mod forward;
 pub mod pool;
@@ -74,6 +75,8 @@ pub struct Engine {
     stats: CacheStats,
     expert_tensors: ExpertTensors,
     max_binding: u64,
+    /// Prompt tokens per prefill pass (1: token by token).
+    prefill_chunk: usize,
 }
 
 /// Slots of the expert pool the options ask for (every expert when they ask for nothing).
@@ -121,7 +124,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, state: State, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
         let stats = CacheStats::new(policy, pool.n_slots, pool.slot_bytes, config.n_layer);
-        Engine { gpu, config, weights, pool, experts, state, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding }
+        Engine { gpu, config, weights, pool, experts, state, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding, prefill_chunk: 1 }
     }
 
     /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
@@ -184,6 +187,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Prompt tokens per prefill pass; 1 runs the prompt token by token.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.max(1);
+    }
+
+    /// Empties a streaming engine's pool (same size, policy and upload path), so a run starts cold.
+    pub fn empty_pool(&mut self) -> Result<(), String> {
+        let Experts::Streaming { cache, .. } = &self.experts else { return Ok(()) };
+        let (slots, policy) = (cache.n_slots(), cache.policy);
+        self.set_pool(slots, policy, self.pool.upload_path())
+    }
+
     /// True when experts are streamed into a pool smaller than the model's experts.
     pub fn is_streaming(&self) -> bool {
         matches!(self.experts, Experts::Streaming { .. })
@@ -205,6 +220,22 @@ impl Engine {
 
     pub fn gpu_bytes(&self) -> GpuBytes {
         GpuBytes { dense_weights: self.weights.bytes, expert_pool: self.pool.gpu_bytes(), states: self.state.bytes }
+    }
+
+    /// Bytes one decode step must read at the least: every dense tensor once (the embedding table only its
+    /// token's row, unless it is also the head) and k expert records per MoE layer. Divided by the measured
+    /// memory bandwidth, this is the step's floor.
+    pub fn min_bytes_per_token(&self) -> u64 {
+        let tied_head = !self.weights.tensors.contains_key("output.weight");
+        let dense: u64 = self
+            .weights
+            .tensors
+            .values()
+            .map(|t| if t.name == "token_embd.weight" && !tied_head { t.row_bytes() } else { t.n_rows() * t.row_bytes() })
+            .sum();
+        let k = self.config.n_expert_used as u64;
+        let experts: u64 = self.expert_tensors.layouts.iter().flatten().map(|r| k * r.bytes).sum();
+        dense + experts
     }
 
     pub fn vocab_size(&self) -> usize {

@@ -1,6 +1,7 @@
 //! The GPU: adapter and device (WebGPU in the browser, Vulkan natively), buffers, readback, and the kernels
 //! (one WGSL file per kernel family in `shaders/`, included at compile time).
 
+pub mod bandwidth;
 pub mod dequant;
 pub mod kda;
 pub mod kernel;

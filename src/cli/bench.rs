@@ -1,0 +1,226 @@
+//! `lingtab bench`: prefill and decode speed with what each token costs (syncs, dispatches, submissions, store
+//! bytes, cache hits), with every expert resident and with a streaming pool, as one table (or JSON).
+//! `lingtab bench-kernels`: the matrix-vector products at Ling 3.0 Flash's shapes against the memory-read rate
+//! measured in the same run.
+
+use super::run::ModelPath;
+use crate::engine::bench::{self, BenchPlan, BenchRow};
+use crate::engine::EngineOptions;
+use crate::gpu::matvec::{self, Matrix, PoolChunk, Strided};
+use crate::gpu::{Gpu, Pass};
+use crate::quant::GgmlType;
+
+fn list<T: std::str::FromStr>(what: &str, s: &str) -> Result<Vec<T>, String> {
+    s.split(',').filter(|v| !v.trim().is_empty()).map(|v| v.trim().parse::<T>().map_err(|_| format!("{what}: {v:?} is not a number"))).collect()
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Prompt lengths to prefill, comma-separated
+    #[arg(long, default_value = "128,512,2048")]
+    pub prompts: String,
+    /// Tokens decoded (greedy) after each prompt
+    #[arg(long, default_value_t = 128)]
+    pub decode: usize,
+    /// Streaming pools to run besides all-resident, as fractions of the experts (comma-separated; empty: none)
+    #[arg(long, default_value = "0.05")]
+    pub pools: String,
+    /// Prefill chunk sizes, comma-separated (1, token by token, is the baseline and always runs first)
+    #[arg(long, default_value = "1")]
+    pub chunks: String,
+    /// Skip the all-resident engine (for models whose experts do not fit the GPU)
+    #[arg(long)]
+    pub no_resident: bool,
+    /// Seed of the prompts' token ids
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the rows as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
+    let prompts: Vec<usize> = list("--prompts", &args.prompts)?;
+    let pools: Vec<f64> = list("--pools", &args.pools)?;
+    let mut chunks: Vec<usize> = vec![1];
+    for c in list::<usize>("--chunks", &args.chunks)? {
+        if c == 0 {
+            return Err("--chunks: a chunk holds at least one token".into());
+        }
+        if !chunks.contains(&c) {
+            chunks.push(c);
+        }
+    }
+    let longest = prompts.iter().max().copied().unwrap_or(0) + args.decode;
+    let options = EngineOptions { n_ctx: Some(options.n_ctx.unwrap_or(0).max(longest)), ..options.clone() };
+    let plan = BenchPlan { prompts, decode: args.decode, chunks, seed: args.seed };
+    let mut rows: Vec<BenchRow> = Vec::new();
+    let mut bandwidth = None;
+    let mut modes: Vec<(String, Option<f64>)> = Vec::new();
+    if !args.no_resident {
+        modes.push(("resident".into(), None));
+    }
+    modes.extend(pools.iter().map(|&f| (format!("pool {:.0}%", 100.0 * f), Some(f))));
+    for (mode, fraction) in modes {
+        let mut engine = match fraction {
+            None => model.load(&EngineOptions { pool_bytes: None, gpu_budget_bytes: None, pool_slots: None, ..options.clone() })?,
+            Some(f) => {
+                // the engine's pool size comes from the fraction of all experts
+                let probe = model.load(&EngineOptions { pool_slots: Some(0), ..options.clone() })?;
+                let total = probe.config.moe_layers().count() as f64 * probe.config.n_expert as f64;
+                drop(probe);
+                model.load(&EngineOptions { pool_slots: Some((f * total).round() as u32), pool_bytes: None, gpu_budget_bytes: None, ..options.clone() })?
+            }
+        };
+        if fraction.is_some() && !engine.is_streaming() {
+            return Err(format!("{mode}: the pool holds every expert of this model: nothing to stream"));
+        }
+        if bandwidth.is_none() {
+            bandwidth = Some(pollster::block_on(bench::read_bandwidth(&engine.gpu, 1 << 30, 10))?);
+            if !args.json {
+                eprintln!("{}; memory read {:.0} GB/s (measured here); {:.1} MB read per decode token at the least", engine.gpu.summary, bandwidth.unwrap(), engine.min_bytes_per_token() as f64 / 1e6);
+            }
+        }
+        let before = rows.len();
+        pollster::block_on(bench::run(&mut engine, &mode, &plan, bandwidth, &mut rows))?;
+        if !args.json {
+            // the table so far, as each engine finishes (the header with the first)
+            let table = bench::table(&rows);
+            let lines: Vec<&str> = table.lines().collect();
+            let start = if before == 0 { 0 } else { before + 1 };
+            for line in &lines[start..] {
+                println!("{line}");
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "bandwidthGBs": bandwidth, "rows": rows })).unwrap());
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchKernelsArgs {
+    /// Products per measurement (after one warm-up)
+    #[arg(long, default_value_t = 50)]
+    pub reps: u32,
+    /// Print the rows as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct KernelRow {
+    product: String,
+    mb_per_product: f64,
+    us_per_product: f64,
+    gb_per_s: f64,
+    share_of_read: f64,
+}
+
+/// Bytes that look like weights to the kernels (any bit pattern decodes; speed does not depend on values).
+fn filler(bytes: u64, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut out = Vec::with_capacity(bytes as usize);
+    while (out.len() as u64) < bytes {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        out.extend_from_slice(&(state >> 16).to_le_bytes());
+    }
+    out.truncate(bytes as usize);
+    out
+}
+
+/// Enough copies of a matrix that the rotation over them does not fit the GPU's caches (≥ 256 MB).
+fn copies_for(bytes: u64, limit: u64) -> u64 {
+    (256_000_000u64.div_ceil(bytes)).clamp(1, (limit / bytes).max(1))
+}
+
+async fn time_passes(gpu: &Gpu, reps: u32, probe: &wgpu::Buffer, mut record: impl FnMut(&mut Pass, u32)) -> Result<f64, String> {
+    let mut warm = Pass::new();
+    record(&mut warm, 0);
+    warm.submit(gpu);
+    gpu.read_back(probe, 4).await.map_err(|e| e.0)?;
+    let began = crate::clock::now_s();
+    let mut pass = Pass::new();
+    for i in 0..reps {
+        record(&mut pass, i);
+    }
+    pass.submit(gpu);
+    gpu.read_back(probe, 4).await.map_err(|e| e.0)?;
+    Ok((crate::clock::now_s() - began) / reps as f64)
+}
+
+pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
+    pollster::block_on(async {
+        let gpu = Gpu::new().await.map_err(|e| e.0)?;
+        let limits = gpu.device.limits();
+        let limit = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
+        let read = bench::read_bandwidth(&gpu, 1 << 30, 20).await?;
+        let mut rows = vec![KernelRow { product: "memory read (baseline)".into(), mb_per_product: 0.0, us_per_product: 0.0, gb_per_s: read, share_of_read: 1.0 }];
+        // (name, type, rows, cols): Ling 3.0 Flash's head, a KDA projection in and out, an expert's down rows
+        let dense = [
+            ("head 2560→157184 Q6_K", GgmlType::Q6_K, 157184u32, 2560u32),
+            ("attn_q 2560→4096 Q4_K", GgmlType::Q4_K, 4096, 2560),
+            ("attn_output 4096→2560 Q4_K", GgmlType::Q4_K, 2560, 4096),
+            ("shared down 768→2560 Q6_K", GgmlType::Q6_K, 2560, 768),
+        ];
+        for (name, ty, n_rows, cols) in dense {
+            let m = Matrix { ty, rows: n_rows, cols, byte_offset: 0 };
+            let row_bytes = m.row_bytes() as u64;
+            let bytes = n_rows as u64 * row_bytes;
+            // a matrix above the binding limit is split into row ranges, one buffer each, as the engine does
+            let rows_per_piece = (limit / row_bytes).min(n_rows as u64) as u32;
+            let pieces: Vec<(u32, u32)> = (0..n_rows).step_by(rows_per_piece as usize).map(|r| (r, rows_per_piece.min(n_rows - r))).collect();
+            let stride = (rows_per_piece as u64 * row_bytes).next_multiple_of(256);
+            let copies = if pieces.len() > 1 { 1 } else { copies_for(stride, limit) };
+            let buffers: Vec<wgpu::Buffer> = (0..pieces.len()).map(|i| gpu.upload("bench weights", &filler(stride * copies, 7 + i as u64))).collect();
+            let x = gpu.upload("bench x", &(0..cols).flat_map(|_| 0.01f32.to_le_bytes()).collect::<Vec<u8>>());
+            let y = gpu.storage_buffer("bench y", n_rows as u64 * 4);
+            let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
+                for (&(first, rows), w) in pieces.iter().zip(&buffers) {
+                    let m = Matrix { rows, byte_offset: (i as u64 % copies) * stride, ..m };
+                    matvec::matvec(&gpu, pass, w, m, &x, 0, &y, first);
+                }
+            })
+            .await?;
+            let gbs = bytes as f64 / secs / 1e9;
+            rows.push(KernelRow { product: name.into(), mb_per_product: bytes as f64 / 1e6, us_per_product: 1e6 * secs, gb_per_s: gbs, share_of_read: gbs / read });
+        }
+        // 8 selected experts' gate|up (Q4_K, 2×768 rows of 2560) and down (Q6_K, 2560 rows of 768) from a pool
+        let (h, f, k) = (2560u32, 768u32, 8u32);
+        let gate_up = Matrix { ty: GgmlType::Q4_K, rows: 2 * f, cols: h, byte_offset: 0 };
+        let down = Matrix { ty: GgmlType::Q6_K, rows: h, cols: f, byte_offset: gate_up.rows as u64 * gate_up.row_bytes() as u64 };
+        let record = down.byte_offset + h as u64 * down.row_bytes() as u64;
+        let slot_bytes = record.next_multiple_of(256);
+        let slots = (limit / slot_bytes).min(96) as u32;
+        let pool = gpu.upload("bench pool", &filler(slot_bytes * slots as u64, 11));
+        let table: Vec<u32> = (0..slots).collect();
+        let table = gpu.upload("bench slots", bytemuck::cast_slice(&table));
+        // a different set of k experts for every rep, so the pool is read, not the cache
+        let sels: Vec<wgpu::Buffer> = (0..slots / k).map(|s| gpu.upload("bench sel", bytemuck::cast_slice(&(s * k..s * k + k).collect::<Vec<u32>>()))).collect();
+        let x = gpu.upload("bench x", &vec![0u8; (k * 2 * f.max(h)) as usize * 4]);
+        let y = gpu.storage_buffer("bench y", (k * 2 * f.max(h)) as u64 * 4);
+        let chunk = PoolChunk { buffer: &pool, index: 0, slots_per_chunk: slots, slot_bytes };
+        for (name, m, x_stride, y_stride) in [("experts gate|up 8×(2560→1536) Q4_K", gate_up, 0, 2 * f), ("experts down 8×(768→2560) Q6_K", down, f, h)] {
+            let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
+                let sel = &sels[i as usize % sels.len()];
+                matvec::experts(&gpu, pass, chunk, m, sel, &table, 0, k, &x, Strided { offset: 0, stride: x_stride }, &y, Strided { offset: 0, stride: y_stride });
+            })
+            .await?;
+            let bytes = k as u64 * m.rows as u64 * m.row_bytes() as u64;
+            let gbs = bytes as f64 / secs / 1e9;
+            rows.push(KernelRow { product: name.into(), mb_per_product: bytes as f64 / 1e6, us_per_product: 1e6 * secs, gb_per_s: gbs, share_of_read: gbs / read });
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&rows).unwrap());
+        } else {
+            println!("{}", gpu.summary);
+            println!("{:<36} {:>9} {:>10} {:>8} {:>8}", "product", "MB", "µs", "GB/s", "of read");
+            for r in &rows {
+                println!("{:<36} {:>9.1} {:>10.1} {:>8.0} {:>7.0}%", r.product, r.mb_per_product, r.us_per_product, r.gb_per_s, 100.0 * r.share_of_read);
+            }
+        }
+        Ok(())
+    })
+}
