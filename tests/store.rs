@@ -46,6 +46,12 @@ enum Mode {
     Corrupt,
     /// the connection drops mid-body on the first request for each unit
     Drops,
+    /// headers and half the body, then silence (the connection kept open): the first request for each range
+    StallsOnce,
+    /// the same on every request
+    Stalls,
+    /// no answer at all (the connection kept open) on every request
+    Silent,
 }
 
 struct Served {
@@ -57,6 +63,8 @@ struct Served {
     unit: u64,
     delay_ms: u64,
     dropped: Mutex<std::collections::HashSet<(String, u64)>>,
+    /// answers that stalled (or were never sent)
+    stalls: AtomicUsize,
 }
 
 async fn handle(State(st): State<Arc<Served>>, UrlPath(name): UrlPath<String>, headers: HeaderMap) -> Response<Body> {
@@ -104,6 +112,27 @@ async fn handle(State(st): State<Arc<Served>>, UrlPath(name): UrlPath<String>, h
             .body(Body::from_stream(futures_util::stream::iter(items)))
             .unwrap();
     }
+    let stall = match mode {
+        Mode::Stalls | Mode::Silent => len > 1,
+        Mode::StallsOnce => len > 1 && st.dropped.lock().unwrap().insert((name.clone(), a)),
+        _ => false,
+    };
+    if stall {
+        st.stalls.fetch_add(1, Ordering::SeqCst);
+        if mode == Mode::Silent {
+            std::future::pending::<()>().await;
+        }
+        use futures_util::StreamExt;
+        let half = axum::body::Bytes::from(body[..body.len() / 2].to_vec());
+        let silence = futures_util::stream::iter([Ok::<_, std::io::Error>(half)]).chain(futures_util::stream::pending());
+        return Response::builder()
+            .status(StatusCode::PARTIAL_CONTENT)
+            .header("content-range", format!("bytes {a}-{b}/{total}"))
+            .header("content-length", len.to_string())
+            .header("etag", etag)
+            .body(Body::from_stream(silence))
+            .unwrap();
+    }
     let mut cr = format!("bytes {a}-{b}/{total}");
     match mode {
         Mode::WrongContentRange => cr = format!("bytes {}-{}/{total}", a + 1, b + 1),
@@ -143,7 +172,7 @@ fn test_server(mode: Mode, unit: u64, delay_ms: u64) -> (String, Arc<Served>) {
             (n.to_string(), bytes, sha)
         })
         .collect();
-    let st = Arc::new(Served { files, mode: Mutex::new(mode), requests: AtomicUsize::new(0), unit_bytes_sent: AtomicU64::new(0), unit, delay_ms, dropped: Default::default() });
+    let st = Arc::new(Served { files, mode: Mutex::new(mode), requests: AtomicUsize::new(0), unit_bytes_sent: AtomicU64::new(0), unit, delay_ms, dropped: Default::default(), stalls: AtomicUsize::new(0) });
     let router = axum::Router::new().route("/tiny/resolve/main/{name}", axum::routing::get(handle)).with_state(st.clone());
     (format!("{}/tiny/resolve/main", start(router)), st)
 }
@@ -156,14 +185,15 @@ fn serve_fixtures() -> String {
 
 /// Ingests the two parts from `base` into `store` the way `lingtab ingest` does (probe, then ingest).
 fn ingest_from(base: &str, store: &std::path::Path, options: &IngestOptions) -> Result<lingtab::store::Manifest, String> {
-    let sources: Vec<HttpSource> = NAMES
-        .iter()
-        .map(|n| {
-            let mut s = HttpSource::new(&format!("{base}/{n}"));
-            s.retries = 1;
-            s
-        })
-        .collect();
+    ingest_with(base, store, options, |mut s| {
+        s.retries = 1;
+        s
+    })
+}
+
+/// [`ingest_from`] with the sources set up by `configure` (retries, stall timeout).
+fn ingest_with(base: &str, store: &std::path::Path, options: &IngestOptions, configure: impl Fn(HttpSource) -> HttpSource) -> Result<lingtab::store::Manifest, String> {
+    let sources: Vec<HttpSource> = NAMES.iter().map(|n| configure(HttpSource::new(&format!("{base}/{n}")))).collect();
     let dir = FsDir::new(store)?;
     pollster::block_on(async {
         let mut hints = Vec::new();
@@ -288,6 +318,52 @@ fn dropped_connections_are_retried() {
     let m = ingest_from(&base, &store, &IngestOptions { unit_bytes: 1 << 20, in_flight: 2 }).unwrap();
     assert_eq!(m.state, StoreState::Complete);
     std::fs::remove_dir_all(&store).unwrap();
+}
+
+#[test]
+fn stalled_answers_time_out_and_are_retried_to_a_correct_store() {
+    let (base, st) = test_server(Mode::StallsOnce, 1 << 20, 0);
+    let store = temp_store("stalls");
+    let stall = std::time::Duration::from_millis(300);
+    let m = ingest_with(&base, &store, &IngestOptions { unit_bytes: 1 << 20, in_flight: 3 }, |s| {
+        let mut s = s.with_stall_timeout(stall);
+        s.retries = 2;
+        s
+    })
+    .unwrap();
+    let stalls = st.stalls.load(Ordering::SeqCst);
+    let units: usize = NAMES.iter().map(|n| std::fs::metadata(fixture_dir().join(n)).unwrap().len().div_ceil(1 << 20) as usize).sum();
+    eprintln!("{stalls} stalled answers (every range's first), each left after {stall:?} and asked again");
+    // every unit's first answer (and each header read's) stalled
+    assert!(stalls >= units, "{stalls} stalls for {units} units");
+    assert_eq!(m.state, StoreState::Complete);
+    for (p, n) in m.parts.iter().zip(NAMES) {
+        assert_eq!(p.sha256.as_deref().unwrap(), format!("{:x}", Sha256::digest(std::fs::read(fixture_dir().join(n)).unwrap())));
+    }
+    assert_eq!(store_checks(&store), checks_from_the_ggufs());
+    std::fs::remove_dir_all(&store).unwrap();
+}
+
+#[test]
+fn a_server_that_keeps_stalling_gives_a_clear_error_in_bounded_time() {
+    for mode in [Mode::Stalls, Mode::Silent] {
+        let (base, st) = test_server(mode, 1 << 20, 0);
+        let store = temp_store("stalling");
+        let began = std::time::Instant::now();
+        let err = ingest_with(&base, &store, &IngestOptions { unit_bytes: 1 << 20, in_flight: 2 }, |s| {
+            let mut s = s.with_stall_timeout(std::time::Duration::from_millis(250));
+            s.retries = 2;
+            s
+        })
+        .unwrap_err();
+        let took = began.elapsed();
+        eprintln!("{mode:?}: {err} ({took:?}, {} stalled answers)", st.stalls.load(Ordering::SeqCst));
+        assert!(err.contains("no bytes from the server for 250 ms (it stalled") && err.contains("(after 3 tries)"), "{mode:?}: {err}");
+        // three tries of 0.25 s and two pauses (0.2 s, 0.4 s): far from hanging
+        assert!(took < std::time::Duration::from_secs(20), "{mode:?}: gave up after {took:?}");
+        assert_not_complete(&store);
+        std::fs::remove_dir_all(&store).unwrap();
+    }
 }
 
 #[test]

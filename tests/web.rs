@@ -632,6 +632,60 @@ mod store {
         assert!(OpfsDir::delete(&name).await.unwrap());
     }
 
+    /// Servers that stall (`lingtab serve --faults`): the headers and half the body then silence, or no answer
+    /// at all, the first time each range is asked for. `fetch` has no timeout of its own; the source leaves
+    /// each stalled answer after its stall timeout and asks again, and the store is complete and right. A
+    /// server that always stalls: a clear error after the retries, in bounded time, through the JS API's
+    /// `stallTimeoutMs` as a page would meet it.
+    #[wasm_bindgen_test]
+    async fn stalled_answers_are_left_and_asked_again() {
+        use lingtab::web::store::ingest_js;
+        let files = fixture_files().await;
+        for mode in ["stall-once", "silent-once"] {
+            let name = fresh_store(mode).await;
+            let tag = name.clone();
+            let parts: Vec<HttpSource> = NAMES
+                .iter()
+                .map(|n| {
+                    let mut s = HttpSource::new(format!("{}/faults/{mode}/fixtures/tiny-ling/{n}?{tag}", test_server())).with_stall_timeout_ms(300);
+                    s.retries = 2;
+                    s
+                })
+                .collect();
+            let mut hints = Vec::new();
+            for p in &parts {
+                let id = p.probe().await.unwrap();
+                hints.push(PartHint { etag: id.etag, size: Some(id.size), sha256: id.sha256 });
+            }
+            let dir = OpfsDir::open(&name, true).await.unwrap().unwrap();
+            let began = js_sys::Date::now();
+            let m = ingest(&dir, &parts, &hints, &IngestOptions { unit_bytes: 4 << 20, in_flight: 4 }, &mut |_| {}).await.unwrap();
+            let faulty: u64 = String::from_utf8(fetch_bytes(&format!("{}/faults/count?{tag}", test_server())).await).unwrap().parse().unwrap();
+            log(&format!("{mode}: {faulty} stalled answers left after 300 ms each; ingest {:.0} ms", js_sys::Date::now() - began));
+            let units: u64 = files.iter().map(|f| (f.len() as u64).div_ceil(4 << 20)).sum();
+            // the probes, the header reads and every unit stalled once
+            assert!(faulty >= units + 2, "{mode}: {faulty} stalled answers for {units} units");
+            assert_eq!(m.state, StoreState::Complete);
+            assert!(read_file(&dir, "data.bin").await == expected_data(&files), "{mode}: the store differs from the GGUF bytes laid out");
+            assert!(read_checks(&dir).await.unwrap() == Some(checks_of(&files)));
+            drop(dir);
+            assert!(OpfsDir::delete(&name).await.unwrap());
+        }
+        let name = fresh_store("stalls").await;
+        let options = js_sys::Object::new();
+        js_sys::Reflect::set(&options, &"model".into(), &format!("{}/faults/stall/fixtures/tiny-ling/{}?{name}", test_server(), NAMES[0]).into()).unwrap();
+        js_sys::Reflect::set(&options, &"store".into(), &name.clone().into()).unwrap();
+        js_sys::Reflect::set(&options, &"stallTimeoutMs".into(), &200.into()).unwrap();
+        let began = js_sys::Date::now();
+        let err = message(ingest_js(options.into()).await.unwrap_err().into());
+        let took = js_sys::Date::now() - began;
+        log(&format!("always stalling: {err} ({took:.0} ms)"));
+        assert!(err.contains("no bytes from the server for 200 ms (it stalled)") && err.contains("(after 5 tries)"), "{err}");
+        // five tries of 0.2 s and four pauses (0.2 + 0.4 + 0.8 + 1.6 s): far from hanging
+        assert!(took < 20_000.0, "gave up after {took} ms");
+        assert!(OpfsDir::delete(&name).await.is_ok());
+    }
+
     /// The browser HTTP source refuses an answer whose size or validator differs from the pinned identity.
     #[wasm_bindgen_test]
     async fn the_http_source_refuses_a_changed_file() {

@@ -18,9 +18,9 @@ pub use blob::BlobSource;
 #[cfg(not(target_arch = "wasm32"))]
 pub use file::{read_exact_at, FileSource};
 #[cfg(not(target_arch = "wasm32"))]
-pub use http_native::HttpSource;
+pub use http_native::{HttpSource, DEFAULT_STALL_TIMEOUT};
 #[cfg(target_arch = "wasm32")]
-pub use http_web::HttpSource;
+pub use http_web::{HttpSource, DEFAULT_STALL_TIMEOUT_MS};
 pub use remote::RemoteIdentity;
 
 use crate::gguf::{parse_header, split_part_names, GgufError, Header, SplitModel};

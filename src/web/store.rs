@@ -35,6 +35,9 @@ export interface IngestOptions {
   unitBytes?: number;
   /** Requests in flight (default 6). */
   inFlight?: number;
+  /** Milliseconds an answer, or the next chunk of its body, may take before that request is retried
+   *  (default 30000): a server that stalls is left, not waited on forever. */
+  stallTimeoutMs?: number;
 }
 
 export interface IngestProgress {
@@ -217,6 +220,7 @@ pub async fn ingest_js(options: JsValue) -> Result<JsValue, JsError> {
         unit_bytes: count(&options, "unitBytes", defaults.unit_bytes, 256 << 20)?,
         in_flight: count(&options, "inFlight", defaults.in_flight as u64, 64)? as usize,
     };
+    let stall_ms = count(&options, "stallTimeoutMs", crate::source::DEFAULT_STALL_TIMEOUT_MS as u64, 3_600_000)? as u32;
     let sha256: Vec<String> = match get(&options, "sha256") {
         None => Vec::new(),
         Some(v) => serde_wasm_bindgen::from_value(v).map_err(|_| js_error("ingest: options.sha256 must be an array of hex strings, one per part"))?,
@@ -254,7 +258,7 @@ pub async fn ingest_js(options: JsValue) -> Result<JsValue, JsError> {
             if urls.is_empty() {
                 return Err(js_error("ingest: options.model lists no URL"));
             }
-            let parts: Vec<HttpSource> = urls.iter().map(|u| HttpSource::new(u.clone()).with_signal(signal.clone())).collect();
+            let parts: Vec<HttpSource> = urls.iter().map(|u| HttpSource::new(u.clone()).with_signal(signal.clone()).with_stall_timeout_ms(stall_ms)).collect();
             // the first answer pins each part's size and ETag; a sha256 ETag (Hugging Face's LFS files) is checked
             let mut ids = Vec::new();
             for p in &parts {
