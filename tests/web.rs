@@ -250,7 +250,8 @@ mod store {
         let model = SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap();
         let config = lingtab::model::Config::from_header(model.header()).unwrap();
         let n = config.n_expert as u64;
-        let mut checks = lingtab::store::StoreChecks { dense: Default::default(), experts: vec![None; config.n_layer] };
+        let headers = model.parts.iter().zip(files).map(|(h, f)| check_value(&f[..h.data_start as usize])).collect();
+        let mut checks = lingtab::store::StoreChecks { dense: Default::default(), experts: vec![None; config.n_layer], headers };
         for t in &model.tensors {
             let at = |from: u64, len: u64| &files[t.part][(t.file_offset + from) as usize..(t.file_offset + from + len) as usize];
             match role(&config, &t.info.name) {
