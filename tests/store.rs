@@ -1053,3 +1053,47 @@ fn damage_to_a_stopped_ingest_never_ends_in_a_complete_store_with_other_bytes() 
     let _ = st;
     std::fs::remove_dir_all(&reference).unwrap();
 }
+
+/// Two processes on one store: a second `lingtab ingest` while one runs is refused, and so is an engine
+/// (`lingtab greedy --store`); while an engine holds the store, an ingest is refused (engines share it);
+/// when the holders end, the store is whole and usable. (A killed holder's lock goes with it: the kill test
+/// resumes after every kill.)
+#[test]
+fn one_ingest_of_a_store_at_a_time_and_none_while_an_engine_reads_it() {
+    use lingtab::store::Hold;
+    let unit = 1u64 << 20;
+    let (base, _st) = test_server(Mode::Good, unit, 40);
+    let store = temp_store("locks");
+    let ingest_cmd = |store: &std::path::Path| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lingtab"));
+        cmd.args(["ingest", "--quiet", "--url", &format!("{base}/{}", NAMES[0]), "--store", store.to_str().unwrap(), "--unit-bytes", &unit.to_string(), "--in-flight", "1"]);
+        cmd
+    };
+    let mut first = ingest_cmd(&store).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while journaled(&store) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(first.try_wait().unwrap().is_none(), "the first ingest ended before the test could overlap it");
+    let second = ingest_cmd(&store).output().unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    eprintln!("second ingest: {}", err.trim());
+    assert!(!second.status.success() && err.contains("another lingtab process is ingesting into this store"), "{err}");
+    let (ok, stdout, stderr) = greedy_from_store(&store, None);
+    eprintln!("engine during the ingest: {}", stderr.trim());
+    assert!(!ok && stdout.trim().is_empty() && stderr.contains("another lingtab process is ingesting into this store"), "{stderr}");
+    assert!(first.wait().unwrap().success(), "the first ingest, undisturbed, completes");
+    assert_eq!(store_checks(&store), checks_from_the_ggufs());
+
+    // an engine's shared hold (taken here as `greedy --store` takes it): engines share, an ingest waits its turn
+    let engine_hold = FsDir::new(&store).unwrap().hold(Hold::Shared).unwrap();
+    let (ok, _, stderr) = greedy_from_store(&store, None);
+    assert!(ok, "a second engine on the same store: {stderr}");
+    let during = ingest_cmd(&store).output().unwrap();
+    let err = String::from_utf8_lossy(&during.stderr);
+    eprintln!("ingest under an engine: {}", err.trim());
+    assert!(!during.status.success() && err.contains("a lingtab engine (another process) is running from this store"), "{err}");
+    drop(engine_hold);
+    assert!(ingest_cmd(&store).output().unwrap().status.success());
+    std::fs::remove_dir_all(&store).unwrap();
+}

@@ -214,6 +214,7 @@ mod store {
     use std::rc::Rc;
     use wasm_bindgen::prelude::*;
     use wasm_bindgen::JsCast;
+    use wasm_bindgen_futures::JsFuture;
     use wasm_bindgen_test::*;
 
     const NAMES: [&str; 2] = ["tiny-ling-00001-of-00002.gguf", "tiny-ling-00002-of-00002.gguf"];
@@ -685,6 +686,122 @@ mod store {
         // five tries of 0.2 s and four pauses (0.2 + 0.4 + 0.8 + 1.6 s): far from hanging
         assert!(took < 20_000.0, "gave up after {took} ms");
         assert!(OpfsDir::delete(&name).await.is_ok());
+    }
+
+    /// Another tab, for the lock tests: a worker of this origin (it shares `navigator.locks` and OPFS with this
+    /// one, as two tabs do) that takes a store's Web Lock as an ingest does and lets go when told, or asks for
+    /// it exclusively without waiting as another tab's ingest would. `call(op)` resolves with its answer.
+    fn other_tab() -> js_sys::Function {
+        js_sys::Function::new_no_args(
+            r#"
+            const src = `
+              let release = null;
+              onmessage = async ({ data }) => {
+                if (data.op === "hold") {
+                  navigator.locks.request(data.name, { mode: "exclusive" }, () => new Promise((r) => { release = r; postMessage("held"); }));
+                } else if (data.op === "release") {
+                  release(); release = null; postMessage("released");
+                } else if (data.op === "try") {
+                  await navigator.locks.request(data.name, { mode: "exclusive", ifAvailable: true }, (lock) => postMessage(lock ? "got" : "busy"));
+                }
+              };`;
+            const worker = new Worker(URL.createObjectURL(new Blob([src], { type: "text/javascript" })));
+            return (op, name) => new Promise((resolve) => { worker.onmessage = ({ data }) => resolve(data); worker.postMessage({ op, name }); });
+            "#,
+        )
+        .call0(&JsValue::NULL)
+        .unwrap()
+        .unchecked_into()
+    }
+
+    /// Waits `ms` milliseconds (setTimeout).
+    async fn sleep_ms(ms: u32) {
+        let p = js_sys::Promise::new(&mut |resolve, _| {
+            let set_timeout: js_sys::Function = js_sys::Reflect::get(&js_sys::global(), &"setTimeout".into()).unwrap().unchecked_into();
+            set_timeout.call2(&JsValue::NULL, &resolve, &ms.into()).unwrap();
+        });
+        JsFuture::from(p).await.unwrap();
+    }
+
+    /// `iterator.next()` of a JS async iterator.
+    fn next_of(iterator: &JsValue) -> js_sys::Promise {
+        let next: js_sys::Function = get(iterator, "next").unchecked_into();
+        next.call0(iterator).unwrap().unchecked_into()
+    }
+
+    async fn ask(tab: &js_sys::Function, op: &str, store: &str) -> String {
+        let p: js_sys::Promise = tab.call2(&JsValue::NULL, &op.into(), &lingtab::web::lock::lock_name(store).into()).unwrap().unchecked_into();
+        JsFuture::from(p).await.unwrap().as_string().unwrap()
+    }
+
+    /// Two tabs and one store (Web Locks): while another tab ingests into it, an ingest here is refused ("being
+    /// downloaded … in another tab"), or waits for it with `wait: true`; so are `Engine.load` and `deleteStore`.
+    /// An engine loaded from the store holds it shared until disposed: another tab's ingest is refused, and so
+    /// are an ingest and a delete here, and the engine keeps working; after `dispose` the store can be deleted.
+    #[wasm_bindgen_test]
+    async fn one_tab_at_a_time_ingests_a_store_and_none_while_an_engine_reads_it() {
+        use lingtab::web::store::{delete_store, ingest_js};
+        let name = fresh_store("locks").await;
+        let set = |o: &js_sys::Object, k: &str, v: &JsValue| {
+            js_sys::Reflect::set(o, &k.into(), v).unwrap();
+        };
+        let ingest_options = |wait: bool| {
+            let o = js_sys::Object::new();
+            set(&o, "model", &urls()[0].clone().into());
+            set(&o, "store", &name.clone().into());
+            set(&o, "unitBytes", &(8 << 20).into());
+            if wait {
+                set(&o, "wait", &true.into());
+            }
+            o
+        };
+        let load = || {
+            let o = js_sys::Object::new();
+            set(&o, "store", &name.clone().into());
+            lingtab::web::Engine::load(o.into())
+        };
+        let summary = ingest_js(ingest_options(false).into()).await.unwrap();
+        assert_eq!(get(&summary, "state").as_string().as_deref(), Some("complete"));
+
+        let tab = other_tab();
+        assert_eq!(ask(&tab, "hold", &name).await, "held");
+        let busy = "is being downloaded or deleted in this or another tab or worker";
+        let err = message(ingest_js(ingest_options(false).into()).await.unwrap_err().into());
+        log(&format!("ingest while another tab ingests: {err}"));
+        assert!(err.contains(busy) && err.contains("wait: true"), "{err}");
+        let err = message(load().await.err().unwrap().into());
+        assert!(err.contains(busy), "Engine.load while another tab ingests: {err}");
+        let err = message(delete_store(name.clone()).await.unwrap_err().into());
+        assert!(err.contains(busy), "deleteStore while another tab ingests: {err}");
+        // with wait: true the ingest waits its turn, then runs (here: checks the complete store)
+        let began = js_sys::Date::now();
+        let waiting = ingest_js(ingest_options(true).into());
+        let release_later = async {
+            sleep_ms(400).await;
+            ask(&tab, "release", &name).await
+        };
+        let (waited, released) = futures_util::future::join(waiting, release_later).await;
+        assert_eq!(released, "released");
+        assert_eq!(get(&waited.unwrap(), "state").as_string().as_deref(), Some("complete"));
+        assert!(js_sys::Date::now() - began >= 400.0, "the waiting ingest ran before the other tab let go");
+
+        // an engine holds the store shared while it lives
+        let engine = load().await.unwrap();
+        assert_eq!(ask(&tab, "try", &name).await, "busy", "another tab's ingest while an engine reads the store");
+        let in_use = "is in use by an engine loaded from it";
+        let err = message(ingest_js(ingest_options(false).into()).await.unwrap_err().into());
+        log(&format!("ingest under an engine: {err}"));
+        assert!(err.contains(in_use), "{err}");
+        let err = message(delete_store(name.clone()).await.unwrap_err().into());
+        assert!(err.contains(in_use), "deleteStore under an engine: {err}");
+        let messages = js_sys::JSON::parse(r#"[{"role":"user","content":"Hi"}]"#).unwrap();
+        let gen_options: js_sys::Object = js_sys::JSON::parse(r#"{"maxTokens":2,"temperature":0}"#).unwrap().unchecked_into();
+        let stream = engine.generate(messages, Some(gen_options)).unwrap();
+        let first = JsFuture::from(next_of(&stream)).await.unwrap();
+        assert_eq!(get(&first, "done").as_bool(), Some(false), "the engine still generates");
+        engine.dispose();
+        assert_eq!(ask(&tab, "try", &name).await, "got", "another tab's ingest once the engine is disposed");
+        assert!(delete_store(name.clone()).await.unwrap());
     }
 
     /// The browser HTTP source refuses an answer whose size or validator differs from the pinned identity.

@@ -81,7 +81,8 @@ pub fn run(args: &IngestArgs) -> Result<(), String> {
             s
         })
         .collect();
-    let dir = FsDir::new(&args.store)?;
+    // one ingest of a store at a time, and none while an engine reads it
+    let dir = FsDir::new(&args.store)?.hold(crate::store::Hold::Exclusive)?;
     let options = IngestOptions { unit_bytes: args.unit_bytes, in_flight: args.in_flight };
     let quiet = args.quiet;
     let mut last = std::time::Instant::now() - std::time::Duration::from_secs(1);

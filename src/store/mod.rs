@@ -16,7 +16,7 @@ mod opfs;
 pub use checks::{check_value, Checker, StoreChecks, CHECKS_FILE};
 pub use files::IngestFiles;
 #[cfg(not(target_arch = "wasm32"))]
-pub use fs::{FsDir, FsFile};
+pub use fs::{FsDir, FsFile, Hold};
 pub use layout::{Piece, StoreLayout, StorePartView};
 pub use manifest::{Manifest, ManifestError, PartIdentity, StoreState, FORMAT_VERSION};
 #[cfg(target_arch = "wasm32")]

@@ -20,6 +20,7 @@ use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
+pub mod lock;
 pub mod store;
 
 #[wasm_bindgen(start)]
@@ -219,6 +220,8 @@ pub struct Engine {
     session: Rc<RefCell<Option<Session>>>,
     stats: Rc<RefCell<Stats>>,
     disposed: Rc<RefCell<bool>>,
+    /// The store's lock, shared, while the engine lives (loaded from a store): no ingest or delete meanwhile.
+    store_lock: RefCell<Option<lock::StoreLock>>,
 }
 
 #[derive(Deserialize)]
@@ -374,7 +377,15 @@ impl Engine {
             return Err(js_error("Engine.load was aborted"));
         }
         report("header", 0, 0);
-        // a complete store: headers and weights from OPFS, no network
+        // a complete store: headers and weights from OPFS, no network; held shared while the engine lives
+        let store_lock = match &store_name {
+            Some(name) => Some(
+                lock::lock_store(name, lock::LockMode::Shared, false, None, "load it after that ends")
+                    .await
+                    .map_err(|e| js_error(format!("Engine.load: {e}")))?,
+            ),
+            None => None,
+        };
         let (model, from_store) = match &store_name {
             Some(name) => {
                 let (model, views) = store::open_store(name).await?;
@@ -436,7 +447,12 @@ impl Engine {
         loading.set(false);
         let tokenizer = Tokenizer::from_header(model.header()).map_err(|e| js_error(e.to_string()))?;
         let stats = Stats { adapter, context_length: engine.n_ctx, ..Default::default() };
-        Ok(Engine { session: Rc::new(RefCell::new(Some(Session::new(engine, tokenizer)))), stats: Rc::new(RefCell::new(stats)), disposed: Rc::new(RefCell::new(false)) })
+        Ok(Engine {
+            session: Rc::new(RefCell::new(Some(Session::new(engine, tokenizer)))),
+            stats: Rc::new(RefCell::new(stats)),
+            disposed: Rc::new(RefCell::new(false)),
+            store_lock: RefCell::new(store_lock),
+        })
     }
 
     fn check_usable(&self) -> Result<(), JsError> {
@@ -513,10 +529,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Releases the GPU memory; the engine cannot be used afterwards.
+    /// Releases the GPU memory (and the store, for an engine loaded from one); the engine cannot be used
+    /// afterwards.
     pub fn dispose(&self) {
         *self.disposed.borrow_mut() = true;
         self.session.borrow_mut().take();
+        self.store_lock.borrow_mut().take();
     }
 }
 
