@@ -107,6 +107,12 @@ impl Gpu {
     /// The best adapter of the platform's backend (WebGPU in the browser, Vulkan natively), with a device
     /// that has the adapter's own limits.
     pub async fn new() -> Result<Gpu, GpuError> {
+        Self::with_limits(|_| {}).await
+    }
+
+    /// [`Gpu::new`] with a device whose limits `adjust` lowers from the adapter's (to try the engine on the
+    /// limits of a smaller GPU than the one here).
+    pub async fn with_limits(adjust: impl FnOnce(&mut wgpu::Limits)) -> Result<Gpu, GpuError> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = if cfg!(target_arch = "wasm32") { wgpu::Backends::BROWSER_WEBGPU } else { wgpu::Backends::VULKAN };
         let instance = wgpu::Instance::new(desc);
@@ -123,7 +129,8 @@ impl Gpu {
                     "no WebGPU/Vulkan adapter found ({e}); in a browser, WebGPU needs Chrome or Edge 113+ on a machine with a supported GPU"
                 ))
             })?;
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
+        adjust(&mut limits);
         check_limits(&limits)?;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
@@ -178,6 +185,25 @@ impl Gpu {
             return Err(GpuError(format!("the GPU reported an error, so its results cannot be trusted: {e}; load the engine again")));
         }
         Ok(())
+    }
+
+    /// Runs `work` (the engine's load: buffers made and filled) with the GPU's out-of-memory and validation
+    /// errors caught, so that either is the load's error — `explain` turns it into a message with the numbers —
+    /// rather than an uncaught error met at the first step; a device lost meanwhile is the load's error too.
+    pub async fn catching<T>(&self, explain: impl FnOnce(&str) -> String, work: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+        let out_of_memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let result = work.await;
+        let invalid = validation.pop().await;
+        let oom = out_of_memory.pop().await;
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        // a lost device first: its uploads fail validation as a consequence, not a cause
+        self.check().map_err(|e| e.0)?;
+        if let Some(e) = oom.or(invalid) {
+            return Err(explain(&e.to_string()));
+        }
+        result
     }
 
     pub fn storage_buffer(&self, label: &str, size: u64) -> wgpu::Buffer {
