@@ -804,6 +804,158 @@ mod store {
         assert!(delete_store(name.clone()).await.unwrap());
     }
 
+    /// The JS API at its limits, on an engine loaded from a store: absurd load and generate options (NaN, negative,
+    /// out of range) are errors naming the option; a message longer than the context is refused before any
+    /// step; a second `generate` while one runs is refused and the first completes with the right tokens; a
+    /// reply that fills the context ends with `context_full`; after each, the engine goes on. Then the GPU
+    /// device is lost (destroyed, as a driver reset does): generation says so, and `Engine.load` again from the
+    /// store (no download) gives a working engine with the same tokens.
+    #[wasm_bindgen_test]
+    async fn js_api_limits_and_a_lost_device_then_a_new_load() {
+        use lingtab::web::store::ingest_js;
+        let name = fresh_store("limits").await;
+        let obj = |pairs: &[(&str, JsValue)]| {
+            let o = js_sys::Object::new();
+            for (k, v) in pairs {
+                js_sys::Reflect::set(&o, &(*k).into(), v).unwrap();
+            }
+            o
+        };
+        ingest_js(obj(&[("model", urls()[0].clone().into()), ("store", name.clone().into()), ("unitBytes", (8 << 20).into())]).into()).await.unwrap();
+        let n_ctx = 48;
+        let t0 = js_sys::Date::now();
+        let at = |what: &str| log(&format!("{what}: {:.1} s", (js_sys::Date::now() - t0) / 1000.0));
+        let load = |extra: &[(&str, JsValue)]| {
+            let o = obj(&[("store", name.clone().into()), ("contextLength", n_ctx.into())]);
+            for (k, v) in extra {
+                js_sys::Reflect::set(&o, &(*k).into(), v).unwrap();
+            }
+            lingtab::web::Engine::load(o.into())
+        };
+        for (option, value) in [("poolBytes", (-1.0).into()), ("poolBytes", f64::NAN.into()), ("gpuBudgetBytes", 0.into()), ("contextLength", 0.into()), ("contextLength", 1.5.into()), ("maxBindingBytes", "big".into())] {
+            let err = message(load(&[(option, value)]).await.err().expect("an absurd load option").into());
+            assert!(err.contains(&format!("options.{option} must be a positive integer")), "{option}: {err}");
+        }
+        let engine = load(&[]).await.unwrap();
+        at("loaded");
+        let user = |text: &str| js_sys::JSON::parse(&serde_json::json!([{ "role": "user", "content": text }]).to_string()).unwrap();
+        let greedy = |max: u32| obj(&[("maxTokens", max.into()), ("temperature", 0.into()), ("thinking", false.into())]);
+        // every event of a generation: (tokens, finish reason)
+        async fn drain(stream: &JsValue) -> Result<(Vec<u32>, String), String> {
+            drain_text(stream).await.map(|(tokens, finish, _)| (tokens, finish))
+        }
+        async fn drain_text(stream: &JsValue) -> Result<(Vec<u32>, String, String), String> {
+            let mut tokens = Vec::new();
+            let mut text = String::new();
+            loop {
+                let r = JsFuture::from(next_of(stream)).await.map_err(message)?;
+                if get(&r, "done").as_bool() == Some(true) {
+                    return Err("the stream ended without a finish reason".into());
+                }
+                let ev = get(&r, "value");
+                if let Some(t) = get(&ev, "token").as_f64() {
+                    tokens.push(t as u32);
+                }
+                text += &get(&ev, "text").as_string().unwrap_or_default();
+                if let Some(f) = get(&ev, "finishReason").as_string() {
+                    return Ok((tokens, f, text));
+                }
+            }
+        }
+        for (option, value) in [
+            ("temperature", JsValue::from(f64::NAN)),
+            ("temperature", (-1.0).into()),
+            ("temperature", f64::INFINITY.into()),
+            ("topP", 0.into()),
+            ("topP", 1.5.into()),
+            ("topK", (-1).into()),
+            ("minP", 2.into()),
+            ("repetitionPenalty", 0.into()),
+            ("maxTokens", 0.into()),
+            ("maxTokens", (-3).into()),
+        ] {
+            let o = greedy(2);
+            js_sys::Reflect::set(&o, &option.into(), &value).unwrap();
+            let err = message(engine.generate(user("Hi"), Some(o)).err().expect("an absurd generate option").into());
+            let named = match option {
+                "topP" => "top_p",
+                "minP" => "min_p",
+                "repetitionPenalty" => "repetition_penalty",
+                o => o,
+            };
+            assert!(err.contains(named), "{option}: {err}");
+        }
+        let err = message(engine.generate(user(&"word ".repeat(300)), Some(greedy(2))).err().expect("a message beyond the context").into());
+        assert!(err.contains(&format!("the context holds {n_ctx}")), "{err}");
+
+        // two generations at once: the second is refused, the first completes (its tokens are checked against
+        // the engine loaded anew below)
+        let first = engine.generate(user("Hi"), Some(greedy(2))).unwrap();
+        let head = JsFuture::from(next_of(&first)).await.unwrap();
+        let err = message(engine.generate(user("Hi"), Some(greedy(2))).err().expect("a second generation at once").into());
+        assert!(err.contains("a generation is already running"), "{err}");
+        assert!(message(engine.prompt_tokens(user("Hi"), Some(false)).err().unwrap().into()).contains("already running"));
+        let (mut beside, finish, mut reply) = drain_text(&first).await.unwrap();
+        let head = get(&head, "value");
+        reply.insert_str(0, &get(&head, "text").as_string().unwrap_or_default());
+        if let Some(t) = get(&head, "token").as_f64() {
+            beside.insert(0, t as u32);
+        }
+        log(&format!("greedy reply beside a refused one: {beside:?} ({finish})"));
+        at("two at once");
+
+        // a reply that fills the context, as the next turn of that chat (only the new turn's tokens run): its
+        // message sized to leave a few positions
+        let turn = |text: &str| {
+            js_sys::JSON::parse(&serde_json::json!([{ "role": "user", "content": "Hi" }, { "role": "assistant", "content": reply }, { "role": "user", "content": text }]).to_string()).unwrap()
+        };
+        let mut words = 1;
+        let (text, n) = loop {
+            let text = "Hi ".repeat(words);
+            let n = engine.prompt_tokens(turn(&text), Some(false)).unwrap().len();
+            if n >= n_ctx - 4 {
+                break (text, n);
+            }
+            words += 1;
+        };
+        assert!(n < n_ctx, "the prompt fills the context already");
+        let (tokens, finish) = drain(&engine.generate(turn(&text), Some(greedy(1000))).unwrap()).await.unwrap();
+        log(&format!("{n} prompt tokens in a context of {n_ctx}: {} tokens, then {finish}", tokens.len()));
+        assert!(finish == "context_full" || finish == "stop", "{finish}");
+        if finish == "context_full" {
+            // every position left runs a token, and one more is generated but not run
+            assert_eq!(tokens.len(), n_ctx - n + 1);
+            assert_eq!(get(&engine.stats().unwrap(), "position").as_f64(), Some(n_ctx as f64));
+        }
+        at("context filled");
+        // the engine is free again: a new generation is accepted (its steps after a full context are the
+        // native tests' business), and stopped before it runs one
+        let next = engine.generate(user("Hi"), Some(greedy(2))).expect("a generation after a full context");
+        let stop: js_sys::Function = get(&next, "return").unchecked_into();
+        JsFuture::from(js_sys::Promise::from(stop.call0(&next).unwrap())).await.unwrap();
+        engine.reset().unwrap();
+
+        // the device lost: generation says so, every time; a new load from the store works
+        engine.destroy_device_for_tests();
+        for _ in 0..2 {
+            let err = match engine.generate(user("Hi"), Some(greedy(2))) {
+                Err(e) => message(e.into()),
+                Ok(stream) => drain(&stream).await.expect_err("a generation on a lost device"),
+            };
+            log(&format!("after the device was lost: {err}"));
+            assert!(err.contains("GPU device was lost") && err.contains("load the engine again"), "{err}");
+        }
+        engine.dispose();
+        at("device lost");
+        let engine = load(&[]).await.unwrap();
+        at("loaded again");
+        let (fresh, _) = drain(&engine.generate(user("Hi"), Some(greedy(2))).unwrap()).await.unwrap();
+        assert_eq!(fresh, beside, "the engine loaded again after the loss, and the generation that ran beside a refused one");
+        at("done");
+        engine.dispose();
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
     /// The browser HTTP source refuses an answer whose size or validator differs from the pinned identity.
     #[wasm_bindgen_test]
     async fn the_http_source_refuses_a_changed_file() {

@@ -243,9 +243,15 @@ impl Gpu {
         });
         #[cfg(not(target_arch = "wasm32"))]
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError(format!("GPU poll failed: {e}")))?;
-        rx.await
-            .map_err(|_| GpuError("the GPU device was lost during a readback".into()))?
-            .map_err(|e| GpuError(format!("mapping a readback buffer failed: {e}")))?;
+        let mapped = rx.await.map_err(|_| GpuError("the GPU device was lost during a readback: load the engine again (the store is kept)".into()))?;
+        if let Err(e) = mapped {
+            // a fresh readback buffer fails to map when the device is gone; in the browser the loss itself is
+            // reported a moment later, so say what it means either way
+            #[cfg(target_arch = "wasm32")]
+            crate::js::sleep_ms(0).await;
+            self.check()?;
+            return Err(GpuError(format!("reading results back from the GPU failed ({e}): the GPU device was lost or is out of memory; load the engine again (the store is kept)")));
+        }
         let data = staging.slice(..).get_mapped_range().map_err(|e| GpuError(format!("readback: {e}")))?.to_vec();
         staging.unmap();
         // the work before this readback may have failed or lost the device: never hand back its results

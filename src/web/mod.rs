@@ -351,7 +351,8 @@ impl Engine {
             match get(&options, name).map(|v| v.as_f64()) {
                 None => Ok(None),
                 Some(Some(x)) if x.is_finite() && x >= 1.0 && x.fract() == 0.0 => Ok(Some(x as u64)),
-                Some(_) => Err(js_error(format!("options.{name} must be a positive integer"))),
+                Some(Some(x)) => Err(js_error(format!("options.{name} must be a positive integer, not {x}"))),
+                Some(None) => Err(js_error(format!("options.{name} must be a positive integer, not a {}", get(&options, name).and_then(|v| v.js_typeof().as_string()).unwrap_or_default()))),
             }
         };
         engine_options.n_ctx = positive("contextLength")?.map(|x| x as usize);
@@ -535,6 +536,17 @@ impl Engine {
         *self.disposed.borrow_mut() = true;
         self.session.borrow_mut().take();
         self.store_lock.borrow_mut().take();
+    }
+}
+
+impl Engine {
+    /// Destroys the engine's GPU device, as a driver reset or a crashed GPU process would (for the tests of what
+    /// follows: every later call says the device was lost, and a new `Engine.load` works). Not in the JS API.
+    #[doc(hidden)]
+    pub fn destroy_device_for_tests(&self) {
+        if let Some(session) = self.session.borrow().as_ref() {
+            session.engine.gpu.device.destroy();
+        }
     }
 }
 
