@@ -956,6 +956,105 @@ mod store {
         assert!(OpfsDir::delete(&name).await.unwrap());
     }
 
+    /// Faults injected into a complete OPFS store while nothing uses it — data.bin cut short, a range of it
+    /// zeroed, a file deleted, the manifest garbled or of another format version: `Engine.load({ store })`
+    /// refuses naming what is wrong, and `ingest` into the store again mends it (the damaged runs fetched again,
+    /// or everything when it cannot be checked) to the same bytes — or, for another version, refuses.
+    #[wasm_bindgen_test]
+    async fn a_damaged_opfs_store_is_named_by_the_load_and_mended_by_ingest() {
+        use lingtab::web::store::ingest_js;
+        let name = fresh_store("damage").await;
+        let files = fixture_files().await;
+        let intact = expected_data(&files);
+        let layout = StoreLayout::from_model(&SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap()).unwrap();
+        let runs: Vec<_> = layout.pieces.iter().filter(|p| p.store_offset < layout.data_len).copied().collect();
+        let ingest_again = || {
+            let o = js_sys::Object::new();
+            js_sys::Reflect::set(&o, &"model".into(), &urls()[0].clone().into()).unwrap();
+            js_sys::Reflect::set(&o, &"store".into(), &name.clone().into()).unwrap();
+            js_sys::Reflect::set(&o, &"unitBytes".into(), &(8 << 20).into()).unwrap();
+            ingest_js(o.into())
+        };
+        let load = || {
+            let o = js_sys::Object::new();
+            js_sys::Reflect::set(&o, &"store".into(), &name.clone().into()).unwrap();
+            lingtab::web::Engine::load(o.into())
+        };
+        ingest_again().await.unwrap();
+        let mut seed = js_sys::Date::now() as u64 | 1;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let kinds = ["data.bin cut short", "data.bin cut short", "a range of data.bin zeroed", "a range of data.bin zeroed", "a range of data.bin zeroed", "data.bin deleted", "checks.json deleted", "manifest.json garbled", "manifest.json of format version 2"];
+        for kind in kinds {
+            let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+            let want = match kind {
+                "data.bin cut short" => {
+                    let cut = 1 + next() % (layout.data_len - 1);
+                    let data = dir.open("data.bin", false).await.unwrap().unwrap();
+                    data.set_len(cut).await.unwrap();
+                    data.flush().await.unwrap();
+                    format!("data.bin is {cut} bytes, the manifest says {}", layout.data_len)
+                }
+                "a range of data.bin zeroed" => {
+                    let p = loop {
+                        let p = runs[(next() % runs.len() as u64) as usize];
+                        if intact[p.store_offset as usize..(p.store_offset + p.len) as usize].iter().any(|&b| b != 0) {
+                            break p;
+                        }
+                    };
+                    let data = dir.open("data.bin", false).await.unwrap().unwrap();
+                    data.write_at(p.store_offset, &vec![0u8; p.len.min(2048) as usize]).await.unwrap();
+                    data.flush().await.unwrap();
+                    "do not match their check value".to_string()
+                }
+                "data.bin deleted" => {
+                    dir.remove("data.bin").await.unwrap();
+                    "data.bin is missing".to_string()
+                }
+                "checks.json deleted" => {
+                    dir.remove("checks.json").await.unwrap();
+                    "checks.json is missing".to_string()
+                }
+                "manifest.json garbled" => {
+                    dir.write_atomic("manifest.json", b"{\"format_version\": 1, \"sta").await.unwrap();
+                    "manifest.json is unreadable".to_string()
+                }
+                _ => {
+                    let mut m: serde_json::Value = serde_json::from_slice(&dir.read_all("manifest.json").await.unwrap().unwrap()).unwrap();
+                    m["format_version"] = 2.into();
+                    dir.write_atomic("manifest.json", &serde_json::to_vec(&m).unwrap()).await.unwrap();
+                    "the store is of format version 2, this build of lingtab reads version 1".to_string()
+                }
+            };
+            drop(dir);
+            let err = message(load().await.err().unwrap_or_else(|| panic!("{kind}: an engine loaded from a damaged store")).into());
+            log(&format!("{kind}: {err}"));
+            let named = if kind.contains("zeroed") { err.contains(&want) && (err.contains("layer") || err.contains("weight") || err.contains("header")) } else { err.contains(&want) };
+            assert!(named, "{kind}: {err}");
+            let repaired = ingest_again().await;
+            let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+            if kind.contains("format version") {
+                let err = message(repaired.err().expect("an ingest into a store of another format").into());
+                assert!(err.contains(&want), "{kind}: {err}");
+                // put back a manifest of this version, then the store is as it was
+                let mut m: serde_json::Value = serde_json::from_slice(&dir.read_all("manifest.json").await.unwrap().unwrap()).unwrap();
+                m["format_version"] = 1.into();
+                dir.write_atomic("manifest.json", &serde_json::to_vec(&m).unwrap()).await.unwrap();
+            } else {
+                assert_eq!(get(&repaired.unwrap(), "state").as_string().as_deref(), Some("complete"), "{kind}");
+            }
+            assert!(read_file(&dir, "data.bin").await == intact, "{kind}: the store's bytes after the ingest differ from the GGUF bytes laid out");
+            assert!(read_checks(&dir).await.unwrap() == Some(checks_of(&files)), "{kind}");
+        }
+        let engine = load().await.expect("the mended store loads");
+        engine.dispose();
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
     /// The browser HTTP source refuses an answer whose size or validator differs from the pinned identity.
     #[wasm_bindgen_test]
     async fn the_http_source_refuses_a_changed_file() {
