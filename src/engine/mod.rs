@@ -130,7 +130,7 @@ impl Plan {
         let vocab = (head.info.n_elements() / head.info.dims[0].max(1)) as usize;
         let (states, largest_cache) = forward::State::bytes_needed(&config, n_ctx, vocab);
         // an MLA cache is one buffer, bound whole (not split like the weights): the device's own limit
-        let cache_limit = limits.max_storage_buffer_binding_size as u64;
+        let cache_limit = limits.max_storage_buffer_binding_size;
         if largest_cache > cache_limit {
             let per_token = forward::State::bytes_needed(&config, 1, vocab).1.max(1);
             return Err(format!(

@@ -309,7 +309,8 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     }
     // every kept run once more against its check value: bytes changed on disk while the ingest was stopped,
     // after they were hashed, are fetched again here
-    let mut report = |phase: Phase, done: u64, of: u64| on_progress(&Progress::at_rest(phase, done, of));
+    let checking = Meter::new(Phase::Verify, 0, layout.data_len);
+    let mut report = |phase: Phase, done: u64, of: u64| on_progress(&if phase == Phase::Verify { checking.at(done) } else { Progress::at_rest(phase, done, of) });
     repair::check_and_repair(&files.data, &layout, &checks, parts, manifest.unit_bytes, &dir.describe(), &mut report).await?;
     drop((journal, files, verifier));
     // the check values first: a complete store always has them

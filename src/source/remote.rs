@@ -22,7 +22,7 @@ pub fn as_sha256(etag: &str) -> Option<String> {
 
 /// A stall timeout as people read it: "30 s", "250 ms".
 pub fn describe_timeout_ms(ms: u64) -> String {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{} s", ms / 1000)
     } else {
         format!("{ms} ms")

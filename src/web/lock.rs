@@ -91,15 +91,16 @@ pub async fn lock_store(store: &str, mode: LockMode, wait: bool, signal: Option<
         web_sys::console::warn_1(&"lingtab: navigator.locks is not available; stores are not protected from other tabs".into());
         return Ok(StoreLock { release: None, released: None });
     };
-    // a lock let go of a moment ago (an engine disposed, an ingest ended) is released by the lock manager
-    // shortly after: a few quick retries before the store counts as held
+    // a lock let go of a moment ago is released by the lock manager shortly after (an engine disposed, an
+    // ingest ended: at once; a worker terminated, as a closed tab's: within a second or so): a second of
+    // retries before the store counts as held
     let mut attempt = 0;
     loop {
         match request_lock(&locks, store, mode, wait, signal).await? {
             Some(lock) => return Ok(lock),
-            None if attempt < 5 => {
+            None if attempt < 20 => {
                 attempt += 1;
-                js::sleep_ms(20).await;
+                js::sleep_ms(if attempt < 5 { 10 } else { 60 }).await;
             }
             None => return Err(busy(store, advice).await),
         }

@@ -44,8 +44,10 @@ export interface IngestOptions {
 }
 
 export interface IngestProgress {
-  /** "headers": reading the parts' headers; "verify": hashing bytes already stored (a resumed ingest);
-   *  "fetch": downloading (and hashing in file order); "done". */
+  /** "headers": reading the parts' headers; "verify": hashing bytes already stored (a resumed ingest), and
+   *  reading the whole store back against its check values before it is complete (or when ingesting into a
+   *  complete store, which fetches again only what is damaged); "fetch": downloading (and hashing in file order);
+   *  "done". */
   phase: "headers" | "verify" | "fetch" | "done";
   bytesDone: number;
   bytesTotal: number;
