@@ -702,7 +702,13 @@ mod store {
                 } else if (data.op === "release") {
                   release(); release = null; postMessage("released");
                 } else if (data.op === "try") {
-                  await navigator.locks.request(data.name, { mode: "exclusive", ifAvailable: true }, (lock) => postMessage(lock ? "got" : "busy"));
+                  // as another tab's ingest asks: a few tries over a second (a lock just let go is released shortly after)
+                  for (let i = 0; i < 20; i++) {
+                    const got = await navigator.locks.request(data.name, { mode: "exclusive", ifAvailable: true }, (lock) => lock !== null);
+                    if (got) return postMessage("got");
+                    await new Promise((r) => setTimeout(r, 50));
+                  }
+                  postMessage("busy");
                 }
               };`;
             const worker = new Worker(URL.createObjectURL(new Blob([src], { type: "text/javascript" })));
@@ -800,6 +806,9 @@ mod store {
         let first = JsFuture::from(next_of(&stream)).await.unwrap();
         assert_eq!(get(&first, "done").as_bool(), Some(false), "the engine still generates");
         engine.dispose();
+        // the generation does not go on after dispose (the store is let go of)
+        let after = message(JsFuture::from(next_of(&stream)).await.unwrap_err());
+        assert!(after.contains("disposed"), "{after}");
         assert_eq!(ask(&tab, "try", &name).await, "got", "another tab's ingest once the engine is disposed");
         assert!(delete_store(name.clone()).await.unwrap());
     }

@@ -490,6 +490,7 @@ impl Engine {
             inner: Rc::new(RefCell::new(IteratorState { session: Some(session), state: Some(state), signal, started: now_ms(), first_token_at: None, returned: false })),
             home: self.session.clone(),
             stats: self.stats.clone(),
+            disposed: self.disposed.clone(),
         };
         let value: JsValue = iterator.into();
         // make it async-iterable: obj[Symbol.asyncIterator] = function () { return this }
@@ -566,6 +567,8 @@ pub struct GenerationStream {
     inner: Rc<RefCell<IteratorState>>,
     home: Rc<RefCell<Option<Session>>>,
     stats: Rc<RefCell<Stats>>,
+    /// The engine's: a generation does not go on after `dispose()` (the store it reads is let go of then).
+    disposed: Rc<RefCell<bool>>,
 }
 
 fn done_result(value: JsValue, done: bool) -> JsValue {
@@ -582,7 +585,15 @@ impl GenerationStream {
         let inner = self.inner.clone();
         let home = self.home.clone();
         let stats = self.stats.clone();
+        let disposed = self.disposed.clone();
         wasm_bindgen_futures::future_to_promise(async move {
+            if *disposed.borrow() {
+                // the engine's GPU memory goes with its session, here rather than when the iterator is collected
+                let mut s = inner.borrow_mut();
+                s.state = None;
+                s.session = None;
+                return Err(js_error("this engine was disposed; load a new one").into());
+            }
             let (mut session, mut state, signal) = {
                 let mut s = inner.borrow_mut();
                 let Some(state) = s.state.take() else { return Ok(done_result(JsValue::UNDEFINED, true)) };
@@ -611,7 +622,10 @@ impl GenerationStream {
                 }
                 st.tokens_per_second = (st.generated_tokens.saturating_sub(1)) as f64 / ((now - first) / 1000.0).max(1e-9);
             }
-            if finished {
+            if *disposed.borrow() {
+                // disposed while this step ran: nothing goes back to the engine, the session is freed
+                s.state = None;
+            } else if finished {
                 // the engine is free again
                 *home.borrow_mut() = Some(session);
             } else {
@@ -641,7 +655,9 @@ impl GenerationStream {
         s.state = None;
         s.returned = true;
         if let Some(session) = s.session.take() {
-            *self.home.borrow_mut() = Some(session);
+            if !*self.disposed.borrow() {
+                *self.home.borrow_mut() = Some(session);
+            }
         }
         js_sys::Promise::resolve(&done_result(JsValue::UNDEFINED, true))
     }
