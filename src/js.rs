@@ -36,6 +36,59 @@ pub async fn sleep_ms(ms: u32) {
     let _ = JsFuture::from(promise).await;
 }
 
+/// A `setTimeout` as a future that resolves when it fires; dropping it clears the timer, so racing one
+/// against every read of a long download leaves no timers behind.
+pub struct Timeout {
+    id: JsValue,
+    fired: futures_channel::oneshot::Receiver<()>,
+    _callback: wasm_bindgen::closure::Closure<dyn FnMut()>,
+}
+
+impl Timeout {
+    pub fn new(ms: u32) -> Timeout {
+        let (tx, fired) = futures_channel::oneshot::channel();
+        let mut tx = Some(tx);
+        let callback = wasm_bindgen::closure::Closure::<dyn FnMut()>::new(move || {
+            if let Some(tx) = tx.take() {
+                let _ = tx.send(());
+            }
+        });
+        let global = js_sys::global();
+        let id = js_sys::Reflect::get(&global, &"setTimeout".into())
+            .ok()
+            .and_then(|f| f.dyn_into::<js_sys::Function>().ok())
+            .and_then(|f| f.call2(&global, callback.as_ref(), &JsValue::from(ms)).ok())
+            .unwrap_or(JsValue::UNDEFINED);
+        Timeout { id, fired, _callback: callback }
+    }
+}
+
+impl std::future::Future for Timeout {
+    type Output = ();
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        // a dropped sender (never: the callback owns it) counts as fired
+        std::pin::Pin::new(&mut self.fired).poll(cx).map(|_| ())
+    }
+}
+
+impl Drop for Timeout {
+    fn drop(&mut self) {
+        let global = js_sys::global();
+        if let Ok(f) = js_sys::Reflect::get(&global, &"clearTimeout".into()).and_then(|f| f.dyn_into::<js_sys::Function>().map_err(JsValue::from)) {
+            let _ = f.call1(&global, &self.id);
+        }
+    }
+}
+
+/// `future`, or `None` when `ms` milliseconds pass first (the future is dropped then).
+pub async fn within<F: std::future::Future>(ms: u32, future: F) -> Option<F::Output> {
+    let future = std::pin::pin!(future);
+    match futures_util::future::select(future, Timeout::new(ms)).await {
+        futures_util::future::Either::Left((v, _)) => Some(v),
+        futures_util::future::Either::Right(_) => None,
+    }
+}
+
 /// The page's or the worker's `navigator.storage`.
 pub fn storage_manager() -> Result<web_sys::StorageManager, String> {
     let global = js_sys::global();

@@ -189,3 +189,96 @@ fn stop_strings_end_the_answer() {
         assert_eq!(events.last().unwrap().finish, Some(FinishReason::StopString));
     }
 }
+
+/// Absurd option values, a prompt or message longer than the context, a reply that fills the context, and no
+/// bound on the reply's length: each is a clear error naming what is wrong (before any step) or a clean end
+/// (`context_full`), and the same engine then gives the reference reply.
+#[test]
+fn limits_and_absurd_options_are_clear_errors_and_the_engine_goes_on() {
+    let mut s = session();
+    let expected = reference_greedy(&mut s, &PROMPT, 6);
+    let greedy = SamplingOptions::greedy;
+    let bad: Vec<(GenerateOptions, &str)> = vec![
+        (options(4, SamplingOptions { temperature: f32::NAN, ..greedy() }), "temperature"),
+        (options(4, SamplingOptions { temperature: -1.0, ..greedy() }), "temperature"),
+        (options(4, SamplingOptions { temperature: f32::INFINITY, ..greedy() }), "temperature"),
+        (options(4, SamplingOptions { top_p: 0.0, ..greedy() }), "top_p"),
+        (options(4, SamplingOptions { top_p: 1.5, ..greedy() }), "top_p"),
+        (options(4, SamplingOptions { top_p: f32::NAN, ..greedy() }), "top_p"),
+        (options(4, SamplingOptions { min_p: -0.1, ..greedy() }), "min_p"),
+        (options(4, SamplingOptions { min_p: 2.0, ..greedy() }), "min_p"),
+        (options(4, SamplingOptions { repetition_penalty: 0.0, ..greedy() }), "repetition_penalty"),
+        (options(4, SamplingOptions { repetition_penalty: f32::NAN, ..greedy() }), "repetition_penalty"),
+        (options(4, SamplingOptions { presence_penalty: f32::INFINITY, ..greedy() }), "presence_penalty"),
+        (options(0, greedy()), "max_tokens"),
+        (GenerateOptions { stop: vec![String::new()], ..options(4, greedy()) }, "stop strings"),
+    ];
+    let n_bad = bad.len();
+    for (o, name) in bad {
+        let before = s.engine.tokens().to_vec();
+        let e = s.generate_tokens(&PROMPT, o.clone()).err().unwrap_or_else(|| panic!("{o:?} was accepted"));
+        assert!(e.contains(name), "{o:?}: {e}");
+        assert_eq!(s.engine.tokens(), before, "{name}: a refused generation ran a step");
+    }
+    // prompts and messages longer than the context: refused before any step
+    let long: Vec<u32> = PROMPT.iter().copied().cycle().take(N_CTX + 10).collect();
+    let e = s.generate_tokens(&long, options(4, greedy())).err().unwrap();
+    assert!(e.contains(&format!("the prompt is {} tokens but the context holds {N_CTX}", N_CTX + 10)), "{e}");
+    let e = s.generate(&[Message::user("word ".repeat(500))], options(4, greedy())).err().unwrap();
+    assert!(e.contains(&format!("the context holds {N_CTX}")), "{e}");
+    assert!(s.generate_tokens(&[], options(4, greedy())).err().unwrap().contains("empty"));
+    let e = s.generate_tokens(&[u32::MAX], options(4, greedy())).err().unwrap();
+    assert!(e.contains("outside the vocabulary"), "{e}");
+    let (_, tokens) = run(s.generate_tokens(&PROMPT, options(6, greedy())).unwrap());
+    assert_eq!(tokens, expected, "after {n_bad} refused option sets and 4 refused prompts");
+
+    // no bound on the reply: it ends when the context is full (or at an end-of-generation token)
+    let prompt: Vec<u32> = PROMPT.iter().copied().cycle().take(N_CTX - 3).collect();
+    let (events, tokens) = run(s.generate_tokens(&prompt, options(usize::MAX, SamplingOptions { temperature: 0.7, seed: 3, ..SamplingOptions::default() })).unwrap());
+    let finish = events.last().unwrap().finish.unwrap();
+    eprintln!("{} prompt tokens in a context of {N_CTX}: {} tokens, then {}", prompt.len(), tokens.len(), finish.as_str());
+    assert!(finish == FinishReason::ContextFull || finish == FinishReason::Stop, "{finish:?}");
+    if finish == FinishReason::ContextFull {
+        assert_eq!(s.engine.position(), N_CTX);
+        assert_eq!(tokens.len(), 4, "three positions left: three tokens run, the fourth generated but not run");
+    }
+    // a step at a full context is refused by the engine itself, and the session goes on
+    if s.engine.position() == N_CTX {
+        let e = pollster::block_on(s.engine.step(PROMPT[0])).unwrap_err();
+        assert!(e.contains("the context is full"), "{e}");
+    }
+    let (_, tokens) = run(s.generate_tokens(&PROMPT, options(6, greedy())).unwrap());
+    assert_eq!(tokens, expected, "after a full context");
+}
+
+/// The same limits on the command line: absurd values are refused (naming the option) before the model is
+/// loaded, a prompt longer than the context before any step.
+#[test]
+fn the_cli_refuses_absurd_options_and_prompts_beyond_the_context() {
+    let gguf = common::fixture::path("tiny-ling-00001-of-00002.gguf");
+    let generate = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lingtab"))
+            .args(["generate", "--gguf", gguf.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let long = "word ".repeat(500);
+    let cases: [(&[&str], &str); 7] = [
+        (&["--prompt", "Hi", "--temperature", "NaN"], "temperature must be a finite number"),
+        (&["--prompt", "Hi", "--temperature=-2"], "temperature must be a finite number"),
+        (&["--prompt", "Hi", "--temperature", "0", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (&["--prompt", "Hi", "--max-tokens", "0"], "max_tokens must be at least 1"),
+        (&["--prompt", "Hi", "--temperature", "0", "--ctx", "0"], "context length must be at least 1"),
+        (&["--prompt", "Hi", "--temperature", "0", "--pool-bytes", "0"], "an expert pool of 0 bytes holds 0 expert records"),
+        (&["--prompt", &long, "--temperature", "0", "--ctx", "64"], "but the context holds 64"),
+    ];
+    for (args, want) in cases {
+        let (ok, stdout, stderr) = generate(args);
+        assert!(!ok && stdout.is_empty(), "{args:?}: {stdout}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+    let (ok, _, stderr) = generate(&["--prompt", "Hi", "--temperature", "0", "--max-tokens", "2"]);
+    assert!(ok, "{stderr}");
+}

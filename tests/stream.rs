@@ -151,3 +151,102 @@ fn a_lost_device_is_a_clear_error_and_a_new_engine_runs() {
     let mut fresh = fixture::engine(&fixture::model(), &EngineOptions::default());
     assert!(pollster::block_on(fresh.step(TOKENS[0])).unwrap() == want);
 }
+
+/// The fixture's parts, counting the bytes read from them, and running `on_read` at every read.
+fn counted(on_read: impl Fn(u64) + 'static) -> (Vec<lingtab::source::Tracked<FileSource>>, std::rc::Rc<std::cell::Cell<u64>>) {
+    let read = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let on_read = std::rc::Rc::new(on_read);
+    let parts = PARTS
+        .iter()
+        .map(|n| {
+            let (read, on_read) = (read.clone(), on_read.clone());
+            let on_read: std::rc::Rc<dyn Fn(u64) -> Result<(), String>> = std::rc::Rc::new(move |n| {
+                read.set(read.get() + n);
+                on_read(read.get());
+                Ok(())
+            });
+            lingtab::source::Tracked { inner: FileSource::open(&path(n)).unwrap(), on_read }
+        })
+        .collect();
+    (parts, read)
+}
+
+#[test]
+fn a_context_or_pool_too_large_is_refused_before_anything_is_read_or_allocated() {
+    let resident = fixture::engine(&fixture::model(), &EngineOptions::default());
+    let slot = resident.stats().slot_bytes;
+    let k = resident.config.n_expert_used as u64;
+    let c = resident.config.clone();
+    let b = resident.gpu_bytes();
+    drop(resident);
+    let try_on = |gpu: Gpu, options: EngineOptions| {
+        let (parts, read) = counted(|_| {});
+        let result = pollster::block_on(Engine::open(gpu, &fixture::model(), parts, &options));
+        (result.err(), read.get())
+    };
+    let try_open = |options: EngineOptions| try_on(pollster::block_on(Gpu::new()).unwrap(), options);
+    // on a device whose buffer bindings hold 1 MiB, an MLA cache (one buffer, bound whole) above that: the
+    // longest context that fits is named, and loads
+    let binding = 1u64 << 20;
+    let small = || pollster::block_on(Gpu::with_limits(|l| l.max_storage_buffer_binding_size = binding as _)).unwrap();
+    let per_token = ((c.kv_lora_rank + c.rope_dim) * 4) as u64;
+    let fits = (binding / per_token) as usize;
+    assert!(fits < c.context_length, "the fixture's context is too short for this check");
+    let (err, read) = try_on(small(), EngineOptions { n_ctx: Some(fits + 1), ..Default::default() });
+    let err = err.expect("a context whose cache exceeds the binding limit");
+    eprintln!("{err}");
+    assert!(err.contains(&format!("a context of {} tokens needs an MLA cache of {} bytes", fits + 1, (fits as u64 + 1) * per_token)) && err.contains(&format!("at most {fits} tokens")), "{err}");
+    assert_eq!(read, 0, "refused after reading {read} bytes");
+    let (err, _) = try_on(small(), EngineOptions { n_ctx: Some(fits), ..Default::default() });
+    assert!(err.is_none(), "the context it names loads: {err:?}");
+    // a budget below the dense weights and states, a pool below one token's experts, no context at all
+    let (err, read) = try_open(EngineOptions { gpu_budget_bytes: Some(b.dense_weights), ..Default::default() });
+    let err = err.unwrap();
+    assert!(err.contains(&format!("a GPU budget of {} bytes does not hold the dense weights ({} bytes) and states ({} bytes)", b.dense_weights, b.dense_weights, b.states)), "{err}");
+    assert_eq!(read, 0);
+    let (err, read) = try_open(EngineOptions { pool_bytes: Some(k * slot - 1), ..Default::default() });
+    assert!(err.unwrap().contains(&format!("give at least {} bytes", k * slot)));
+    assert_eq!(read, 0);
+    let (err, read) = try_open(EngineOptions { n_ctx: Some(0), ..Default::default() });
+    assert!(err.unwrap().contains("context length must be at least 1"));
+    assert_eq!(read, 0);
+    // the states of a context count against a budget before anything is made: a budget that holds a short
+    // context and a pool, given a long context, is refused with both numbers
+    let short = 16;
+    let short_states = b.states - (4096.min(c.context_length) - short) as u64 * per_token * c.attention.iter().filter(|a| matches!(a, lingtab::model::Attention::Mla)).count() as u64;
+    let budget = b.dense_weights + short_states + 6 * slot;
+    let (err, _) = try_open(EngineOptions { n_ctx: Some(short), gpu_budget_bytes: Some(budget), ..Default::default() });
+    assert!(err.is_none(), "{err:?}");
+    let (err, read) = try_open(EngineOptions { n_ctx: Some(4096), gpu_budget_bytes: Some(budget), ..Default::default() });
+    let err = err.expect("a context whose states leave no room for one token's experts");
+    eprintln!("{err}");
+    assert!(err.contains(&format!("a GPU budget of {budget} bytes does not hold the dense weights ({} bytes) and states ({} bytes)", b.dense_weights, b.states)), "{err}");
+    assert_eq!(read, 0);
+}
+
+#[test]
+fn a_device_lost_while_loading_is_the_loads_error_and_a_load_on_a_new_device_runs() {
+    let mut resident = fixture::engine(&fixture::model(), &EngineOptions::default());
+    let want = run(&mut resident);
+    drop(resident);
+    for destroy_after in [1u64 << 10, 4 << 20, 16 << 20] {
+        let gpu = pollster::block_on(Gpu::new()).unwrap();
+        let device = gpu.device.clone();
+        let destroyed = std::rc::Rc::new(std::cell::Cell::new(false));
+        let flag = destroyed.clone();
+        let (parts, _) = counted(move |read| {
+            if read >= destroy_after && !flag.get() {
+                flag.set(true);
+                device.destroy();
+            }
+        });
+        let result = pollster::block_on(Engine::open(gpu, &fixture::model(), parts, &EngineOptions::default()));
+        assert!(destroyed.get(), "the load read fewer than {destroy_after} bytes");
+        let err = result.err().unwrap_or_else(|| panic!("an engine loaded on a device destroyed after {destroy_after} bytes"));
+        eprintln!("device destroyed after {destroy_after} bytes read: {err}");
+        assert!(err.contains("GPU device was lost") && err.contains("load the engine again"), "{err}");
+    }
+    // the same files on a new device: the engine runs and gives the logits it gave before
+    let mut engine = open(&fixture_dir(), &EngineOptions::default()).unwrap();
+    assert!(run(&mut engine) == want);
+}

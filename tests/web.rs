@@ -214,6 +214,7 @@ mod store {
     use std::rc::Rc;
     use wasm_bindgen::prelude::*;
     use wasm_bindgen::JsCast;
+    use wasm_bindgen_futures::JsFuture;
     use wasm_bindgen_test::*;
 
     const NAMES: [&str; 2] = ["tiny-ling-00001-of-00002.gguf", "tiny-ling-00002-of-00002.gguf"];
@@ -250,7 +251,8 @@ mod store {
         let model = SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap();
         let config = lingtab::model::Config::from_header(model.header()).unwrap();
         let n = config.n_expert as u64;
-        let mut checks = lingtab::store::StoreChecks { dense: Default::default(), experts: vec![None; config.n_layer] };
+        let headers = model.parts.iter().zip(files).map(|(h, f)| check_value(&f[..h.data_start as usize])).collect();
+        let mut checks = lingtab::store::StoreChecks { dense: Default::default(), experts: vec![None; config.n_layer], headers };
         for t in &model.tensors {
             let at = |from: u64, len: u64| &files[t.part][(t.file_offset + from) as usize..(t.file_offset + from + len) as usize];
             match role(&config, &t.info.name) {
@@ -629,6 +631,436 @@ mod store {
         let (got, _) = views[t.part].read_range(t.file_offset, 4096).await.unwrap();
         assert!(got[..] == files[t.part][t.file_offset as usize..t.file_offset as usize + 4096]);
         drop((views, dir));
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// Servers that stall (`lingtab serve --faults`): the headers and half the body then silence, or no answer
+    /// at all, the first time each range is asked for. `fetch` has no timeout of its own; the source leaves
+    /// each stalled answer after its stall timeout and asks again, and the store is complete and right. A
+    /// server that always stalls: a clear error after the retries, in bounded time, through the JS API's
+    /// `stallTimeoutMs` as a page would meet it.
+    #[wasm_bindgen_test]
+    async fn stalled_answers_are_left_and_asked_again() {
+        use lingtab::web::store::ingest_js;
+        let files = fixture_files().await;
+        for mode in ["stall-once", "silent-once"] {
+            let name = fresh_store(mode).await;
+            let tag = name.clone();
+            let parts: Vec<HttpSource> = NAMES
+                .iter()
+                .map(|n| {
+                    let mut s = HttpSource::new(format!("{}/faults/{mode}/fixtures/tiny-ling/{n}?{tag}", test_server())).with_stall_timeout_ms(300);
+                    s.retries = 2;
+                    s
+                })
+                .collect();
+            let mut hints = Vec::new();
+            for p in &parts {
+                let id = p.probe().await.unwrap();
+                hints.push(PartHint { etag: id.etag, size: Some(id.size), sha256: id.sha256 });
+            }
+            let dir = OpfsDir::open(&name, true).await.unwrap().unwrap();
+            let began = js_sys::Date::now();
+            let m = ingest(&dir, &parts, &hints, &IngestOptions { unit_bytes: 4 << 20, in_flight: 4 }, &mut |_| {}).await.unwrap();
+            let faulty: u64 = String::from_utf8(fetch_bytes(&format!("{}/faults/count?{tag}", test_server())).await).unwrap().parse().unwrap();
+            log(&format!("{mode}: {faulty} stalled answers left after 300 ms each; ingest {:.0} ms", js_sys::Date::now() - began));
+            let units: u64 = files.iter().map(|f| (f.len() as u64).div_ceil(4 << 20)).sum();
+            // the probes, the header reads and every unit stalled once
+            assert!(faulty >= units + 2, "{mode}: {faulty} stalled answers for {units} units");
+            assert_eq!(m.state, StoreState::Complete);
+            assert!(read_file(&dir, "data.bin").await == expected_data(&files), "{mode}: the store differs from the GGUF bytes laid out");
+            assert!(read_checks(&dir).await.unwrap() == Some(checks_of(&files)));
+            drop(dir);
+            assert!(OpfsDir::delete(&name).await.unwrap());
+        }
+        let name = fresh_store("stalls").await;
+        let options = js_sys::Object::new();
+        js_sys::Reflect::set(&options, &"model".into(), &format!("{}/faults/stall/fixtures/tiny-ling/{}?{name}", test_server(), NAMES[0]).into()).unwrap();
+        js_sys::Reflect::set(&options, &"store".into(), &name.clone().into()).unwrap();
+        js_sys::Reflect::set(&options, &"stallTimeoutMs".into(), &200.into()).unwrap();
+        let began = js_sys::Date::now();
+        let err = message(ingest_js(options.into()).await.unwrap_err().into());
+        let took = js_sys::Date::now() - began;
+        log(&format!("always stalling: {err} ({took:.0} ms)"));
+        assert!(err.contains("no bytes from the server for 200 ms (it stalled)") && err.contains("(after 5 tries)"), "{err}");
+        // five tries of 0.2 s and four pauses (0.2 + 0.4 + 0.8 + 1.6 s): far from hanging
+        assert!(took < 20_000.0, "gave up after {took} ms");
+        assert!(OpfsDir::delete(&name).await.is_ok());
+    }
+
+    /// Another tab, for the lock tests: a worker of this origin (it shares `navigator.locks` and OPFS with this
+    /// one, as two tabs do) that takes a store's Web Lock as an ingest does and lets go when told, or asks for
+    /// it exclusively without waiting as another tab's ingest would. `call(op)` resolves with its answer.
+    fn other_tab() -> js_sys::Function {
+        js_sys::Function::new_no_args(
+            r#"
+            const src = `
+              let release = null;
+              onmessage = async ({ data }) => {
+                if (data.op === "hold") {
+                  navigator.locks.request(data.name, { mode: "exclusive" }, () => new Promise((r) => { release = r; postMessage("held"); }));
+                } else if (data.op === "release") {
+                  release(); release = null; postMessage("released");
+                } else if (data.op === "try") {
+                  // as another tab's ingest asks: a few tries over a second (a lock just let go is released shortly after)
+                  for (let i = 0; i < 20; i++) {
+                    const got = await navigator.locks.request(data.name, { mode: "exclusive", ifAvailable: true }, (lock) => lock !== null);
+                    if (got) return postMessage("got");
+                    await new Promise((r) => setTimeout(r, 50));
+                  }
+                  postMessage("busy");
+                }
+              };`;
+            const worker = new Worker(URL.createObjectURL(new Blob([src], { type: "text/javascript" })));
+            return (op, name) => new Promise((resolve) => { worker.onmessage = ({ data }) => resolve(data); worker.postMessage({ op, name }); });
+            "#,
+        )
+        .call0(&JsValue::NULL)
+        .unwrap()
+        .unchecked_into()
+    }
+
+    /// Waits `ms` milliseconds (setTimeout).
+    async fn sleep_ms(ms: u32) {
+        let p = js_sys::Promise::new(&mut |resolve, _| {
+            let set_timeout: js_sys::Function = js_sys::Reflect::get(&js_sys::global(), &"setTimeout".into()).unwrap().unchecked_into();
+            set_timeout.call2(&JsValue::NULL, &resolve, &ms.into()).unwrap();
+        });
+        JsFuture::from(p).await.unwrap();
+    }
+
+    /// `iterator.next()` of a JS async iterator.
+    fn next_of(iterator: &JsValue) -> js_sys::Promise {
+        let next: js_sys::Function = get(iterator, "next").unchecked_into();
+        next.call0(iterator).unwrap().unchecked_into()
+    }
+
+    async fn ask(tab: &js_sys::Function, op: &str, store: &str) -> String {
+        let p: js_sys::Promise = tab.call2(&JsValue::NULL, &op.into(), &lingtab::web::lock::lock_name(store).into()).unwrap().unchecked_into();
+        JsFuture::from(p).await.unwrap().as_string().unwrap()
+    }
+
+    /// Two tabs and one store (Web Locks): while another tab ingests into it, an ingest here is refused ("being
+    /// downloaded … in another tab"), or waits for it with `wait: true`; so are `Engine.load` and `deleteStore`.
+    /// An engine loaded from the store holds it shared until disposed: another tab's ingest is refused, and so
+    /// are an ingest and a delete here, and the engine keeps working; after `dispose` the store can be deleted.
+    #[wasm_bindgen_test]
+    async fn one_tab_at_a_time_ingests_a_store_and_none_while_an_engine_reads_it() {
+        use lingtab::web::store::{delete_store, ingest_js};
+        let name = fresh_store("locks").await;
+        let set = |o: &js_sys::Object, k: &str, v: &JsValue| {
+            js_sys::Reflect::set(o, &k.into(), v).unwrap();
+        };
+        let ingest_options = |wait: bool| {
+            let o = js_sys::Object::new();
+            set(&o, "model", &urls()[0].clone().into());
+            set(&o, "store", &name.clone().into());
+            set(&o, "unitBytes", &(8 << 20).into());
+            if wait {
+                set(&o, "wait", &true.into());
+            }
+            o
+        };
+        let load = || {
+            let o = js_sys::Object::new();
+            set(&o, "store", &name.clone().into());
+            lingtab::web::Engine::load(o.into())
+        };
+        let summary = ingest_js(ingest_options(false).into()).await.unwrap();
+        assert_eq!(get(&summary, "state").as_string().as_deref(), Some("complete"));
+
+        let tab = other_tab();
+        assert_eq!(ask(&tab, "hold", &name).await, "held");
+        let busy = "is being downloaded or deleted in this or another tab or worker";
+        let err = message(ingest_js(ingest_options(false).into()).await.unwrap_err().into());
+        log(&format!("ingest while another tab ingests: {err}"));
+        assert!(err.contains(busy) && err.contains("wait: true"), "{err}");
+        let err = message(load().await.err().unwrap().into());
+        assert!(err.contains(busy), "Engine.load while another tab ingests: {err}");
+        let err = message(delete_store(name.clone()).await.unwrap_err().into());
+        assert!(err.contains(busy), "deleteStore while another tab ingests: {err}");
+        // with wait: true the ingest waits its turn, then runs (here: checks the complete store)
+        let began = js_sys::Date::now();
+        let waiting = ingest_js(ingest_options(true).into());
+        let release_later = async {
+            sleep_ms(400).await;
+            ask(&tab, "release", &name).await
+        };
+        let (waited, released) = futures_util::future::join(waiting, release_later).await;
+        assert_eq!(released, "released");
+        assert_eq!(get(&waited.unwrap(), "state").as_string().as_deref(), Some("complete"));
+        assert!(js_sys::Date::now() - began >= 400.0, "the waiting ingest ran before the other tab let go");
+
+        // an engine holds the store shared while it lives
+        let engine = load().await.unwrap();
+        assert_eq!(ask(&tab, "try", &name).await, "busy", "another tab's ingest while an engine reads the store");
+        let in_use = "is in use by an engine loaded from it";
+        let err = message(ingest_js(ingest_options(false).into()).await.unwrap_err().into());
+        log(&format!("ingest under an engine: {err}"));
+        assert!(err.contains(in_use), "{err}");
+        let err = message(delete_store(name.clone()).await.unwrap_err().into());
+        assert!(err.contains(in_use), "deleteStore under an engine: {err}");
+        let messages = js_sys::JSON::parse(r#"[{"role":"user","content":"Hi"}]"#).unwrap();
+        let gen_options: js_sys::Object = js_sys::JSON::parse(r#"{"maxTokens":2,"temperature":0}"#).unwrap().unchecked_into();
+        let stream = engine.generate(messages, Some(gen_options)).unwrap();
+        let first = JsFuture::from(next_of(&stream)).await.unwrap();
+        assert_eq!(get(&first, "done").as_bool(), Some(false), "the engine still generates");
+        engine.dispose();
+        // the generation does not go on after dispose (the store is let go of)
+        let after = message(JsFuture::from(next_of(&stream)).await.unwrap_err());
+        assert!(after.contains("disposed"), "{after}");
+        assert_eq!(ask(&tab, "try", &name).await, "got", "another tab's ingest once the engine is disposed");
+        assert!(delete_store(name.clone()).await.unwrap());
+    }
+
+    /// The JS API at its limits, on an engine loaded from a store: absurd load and generate options (NaN, negative,
+    /// out of range) are errors naming the option; a message longer than the context is refused before any
+    /// step; a second `generate` while one runs is refused and the first completes with the right tokens; a
+    /// reply that fills the context ends with `context_full`; after each, the engine goes on. Then the GPU
+    /// device is lost (destroyed, as a driver reset does): generation says so, and `Engine.load` again from the
+    /// store (no download) gives a working engine with the same tokens.
+    #[wasm_bindgen_test]
+    async fn js_api_limits_and_a_lost_device_then_a_new_load() {
+        use lingtab::web::store::ingest_js;
+        let name = fresh_store("limits").await;
+        let obj = |pairs: &[(&str, JsValue)]| {
+            let o = js_sys::Object::new();
+            for (k, v) in pairs {
+                js_sys::Reflect::set(&o, &(*k).into(), v).unwrap();
+            }
+            o
+        };
+        ingest_js(obj(&[("model", urls()[0].clone().into()), ("store", name.clone().into()), ("unitBytes", (8 << 20).into())]).into()).await.unwrap();
+        let n_ctx = 48;
+        let t0 = js_sys::Date::now();
+        let at = |what: &str| log(&format!("{what}: {:.1} s", (js_sys::Date::now() - t0) / 1000.0));
+        let load = |extra: &[(&str, JsValue)]| {
+            let o = obj(&[("store", name.clone().into()), ("contextLength", n_ctx.into())]);
+            for (k, v) in extra {
+                js_sys::Reflect::set(&o, &(*k).into(), v).unwrap();
+            }
+            lingtab::web::Engine::load(o.into())
+        };
+        for (option, value) in [("poolBytes", (-1.0).into()), ("poolBytes", f64::NAN.into()), ("gpuBudgetBytes", 0.into()), ("contextLength", 0.into()), ("contextLength", 1.5.into()), ("maxBindingBytes", "big".into())] {
+            let err = message(load(&[(option, value)]).await.err().expect("an absurd load option").into());
+            assert!(err.contains(&format!("options.{option} must be a positive integer")), "{option}: {err}");
+        }
+        let engine = load(&[]).await.unwrap();
+        at("loaded");
+        let user = |text: &str| js_sys::JSON::parse(&serde_json::json!([{ "role": "user", "content": text }]).to_string()).unwrap();
+        let greedy = |max: u32| obj(&[("maxTokens", max.into()), ("temperature", 0.into()), ("thinking", false.into())]);
+        // every event of a generation: (tokens, finish reason)
+        async fn drain(stream: &JsValue) -> Result<(Vec<u32>, String), String> {
+            drain_text(stream).await.map(|(tokens, finish, _)| (tokens, finish))
+        }
+        async fn drain_text(stream: &JsValue) -> Result<(Vec<u32>, String, String), String> {
+            let mut tokens = Vec::new();
+            let mut text = String::new();
+            loop {
+                let r = JsFuture::from(next_of(stream)).await.map_err(message)?;
+                if get(&r, "done").as_bool() == Some(true) {
+                    return Err("the stream ended without a finish reason".into());
+                }
+                let ev = get(&r, "value");
+                if let Some(t) = get(&ev, "token").as_f64() {
+                    tokens.push(t as u32);
+                }
+                text += &get(&ev, "text").as_string().unwrap_or_default();
+                if let Some(f) = get(&ev, "finishReason").as_string() {
+                    return Ok((tokens, f, text));
+                }
+            }
+        }
+        for (option, value) in [
+            ("temperature", JsValue::from(f64::NAN)),
+            ("temperature", (-1.0).into()),
+            ("temperature", f64::INFINITY.into()),
+            ("topP", 0.into()),
+            ("topP", 1.5.into()),
+            ("topK", (-1).into()),
+            ("minP", 2.into()),
+            ("repetitionPenalty", 0.into()),
+            ("maxTokens", 0.into()),
+            ("maxTokens", (-3).into()),
+        ] {
+            let o = greedy(2);
+            js_sys::Reflect::set(&o, &option.into(), &value).unwrap();
+            let err = message(engine.generate(user("Hi"), Some(o)).err().expect("an absurd generate option").into());
+            let named = match option {
+                "topP" => "top_p",
+                "minP" => "min_p",
+                "repetitionPenalty" => "repetition_penalty",
+                o => o,
+            };
+            assert!(err.contains(named), "{option}: {err}");
+        }
+        let err = message(engine.generate(user(&"word ".repeat(300)), Some(greedy(2))).err().expect("a message beyond the context").into());
+        assert!(err.contains(&format!("the context holds {n_ctx}")), "{err}");
+
+        // two generations at once: the second is refused, the first completes (its tokens are checked against
+        // the engine loaded anew below)
+        let first = engine.generate(user("Hi"), Some(greedy(2))).unwrap();
+        let head = JsFuture::from(next_of(&first)).await.unwrap();
+        let err = message(engine.generate(user("Hi"), Some(greedy(2))).err().expect("a second generation at once").into());
+        assert!(err.contains("a generation is already running"), "{err}");
+        assert!(message(engine.prompt_tokens(user("Hi"), Some(false)).err().unwrap().into()).contains("already running"));
+        let (mut beside, finish, mut reply) = drain_text(&first).await.unwrap();
+        let head = get(&head, "value");
+        reply.insert_str(0, &get(&head, "text").as_string().unwrap_or_default());
+        if let Some(t) = get(&head, "token").as_f64() {
+            beside.insert(0, t as u32);
+        }
+        log(&format!("greedy reply beside a refused one: {beside:?} ({finish})"));
+        at("two at once");
+
+        // a reply that fills the context, as the next turn of that chat (only the new turn's tokens run): its
+        // message sized to leave a few positions
+        let turn = |text: &str| {
+            js_sys::JSON::parse(&serde_json::json!([{ "role": "user", "content": "Hi" }, { "role": "assistant", "content": reply }, { "role": "user", "content": text }]).to_string()).unwrap()
+        };
+        let mut words = 1;
+        let (text, n) = loop {
+            let text = "Hi ".repeat(words);
+            let n = engine.prompt_tokens(turn(&text), Some(false)).unwrap().len();
+            if n >= n_ctx - 4 {
+                break (text, n);
+            }
+            words += 1;
+        };
+        assert!(n < n_ctx, "the prompt fills the context already");
+        let (tokens, finish) = drain(&engine.generate(turn(&text), Some(greedy(1000))).unwrap()).await.unwrap();
+        log(&format!("{n} prompt tokens in a context of {n_ctx}: {} tokens, then {finish}", tokens.len()));
+        assert!(finish == "context_full" || finish == "stop", "{finish}");
+        if finish == "context_full" {
+            // every position left runs a token, and one more is generated but not run
+            assert_eq!(tokens.len(), n_ctx - n + 1);
+            assert_eq!(get(&engine.stats().unwrap(), "position").as_f64(), Some(n_ctx as f64));
+        }
+        at("context filled");
+        // the engine is free again: a new generation is accepted (its steps after a full context are the
+        // native tests' business), and stopped before it runs one
+        let next = engine.generate(user("Hi"), Some(greedy(2))).expect("a generation after a full context");
+        let stop: js_sys::Function = get(&next, "return").unchecked_into();
+        JsFuture::from(js_sys::Promise::from(stop.call0(&next).unwrap())).await.unwrap();
+        engine.reset().unwrap();
+
+        // the device lost: generation says so, every time; a new load from the store works
+        engine.destroy_device_for_tests();
+        for _ in 0..2 {
+            let err = match engine.generate(user("Hi"), Some(greedy(2))) {
+                Err(e) => message(e.into()),
+                Ok(stream) => drain(&stream).await.expect_err("a generation on a lost device"),
+            };
+            log(&format!("after the device was lost: {err}"));
+            assert!(err.contains("GPU device was lost") && err.contains("load the engine again"), "{err}");
+        }
+        engine.dispose();
+        at("device lost");
+        let engine = load(&[]).await.unwrap();
+        at("loaded again");
+        let (fresh, _) = drain(&engine.generate(user("Hi"), Some(greedy(2))).unwrap()).await.unwrap();
+        assert_eq!(fresh, beside, "the engine loaded again after the loss, and the generation that ran beside a refused one");
+        at("done");
+        engine.dispose();
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// Faults injected into a complete OPFS store while nothing uses it — data.bin cut short, a range of it
+    /// zeroed, a file deleted, the manifest garbled or of another format version: `Engine.load({ store })`
+    /// refuses naming what is wrong, and `ingest` into the store again mends it (the damaged runs fetched again,
+    /// or everything when it cannot be checked) to the same bytes — or, for another version, refuses.
+    #[wasm_bindgen_test]
+    async fn a_damaged_opfs_store_is_named_by_the_load_and_mended_by_ingest() {
+        use lingtab::web::store::ingest_js;
+        let name = fresh_store("damage").await;
+        let files = fixture_files().await;
+        let intact = expected_data(&files);
+        let layout = StoreLayout::from_model(&SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap()).unwrap();
+        let runs: Vec<_> = layout.pieces.iter().filter(|p| p.store_offset < layout.data_len).copied().collect();
+        let ingest_again = || {
+            let o = js_sys::Object::new();
+            js_sys::Reflect::set(&o, &"model".into(), &urls()[0].clone().into()).unwrap();
+            js_sys::Reflect::set(&o, &"store".into(), &name.clone().into()).unwrap();
+            js_sys::Reflect::set(&o, &"unitBytes".into(), &(8 << 20).into()).unwrap();
+            ingest_js(o.into())
+        };
+        let load = || {
+            let o = js_sys::Object::new();
+            js_sys::Reflect::set(&o, &"store".into(), &name.clone().into()).unwrap();
+            lingtab::web::Engine::load(o.into())
+        };
+        ingest_again().await.unwrap();
+        let mut seed = js_sys::Date::now() as u64 | 1;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let kinds = ["data.bin cut short", "data.bin cut short", "a range of data.bin zeroed", "a range of data.bin zeroed", "a range of data.bin zeroed", "data.bin deleted", "checks.json deleted", "manifest.json garbled", "manifest.json of format version 2"];
+        for kind in kinds {
+            let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+            let want = match kind {
+                "data.bin cut short" => {
+                    let cut = 1 + next() % (layout.data_len - 1);
+                    let data = dir.open("data.bin", false).await.unwrap().unwrap();
+                    data.set_len(cut).await.unwrap();
+                    data.flush().await.unwrap();
+                    format!("data.bin is {cut} bytes, the manifest says {}", layout.data_len)
+                }
+                "a range of data.bin zeroed" => {
+                    let p = loop {
+                        let p = runs[(next() % runs.len() as u64) as usize];
+                        if intact[p.store_offset as usize..(p.store_offset + p.len) as usize].iter().any(|&b| b != 0) {
+                            break p;
+                        }
+                    };
+                    let data = dir.open("data.bin", false).await.unwrap().unwrap();
+                    data.write_at(p.store_offset, &vec![0u8; p.len.min(2048) as usize]).await.unwrap();
+                    data.flush().await.unwrap();
+                    "do not match their check value".to_string()
+                }
+                "data.bin deleted" => {
+                    dir.remove("data.bin").await.unwrap();
+                    "data.bin is missing".to_string()
+                }
+                "checks.json deleted" => {
+                    dir.remove("checks.json").await.unwrap();
+                    "checks.json is missing".to_string()
+                }
+                "manifest.json garbled" => {
+                    dir.write_atomic("manifest.json", b"{\"format_version\": 1, \"sta").await.unwrap();
+                    "manifest.json is unreadable".to_string()
+                }
+                _ => {
+                    let mut m: serde_json::Value = serde_json::from_slice(&dir.read_all("manifest.json").await.unwrap().unwrap()).unwrap();
+                    m["format_version"] = 2.into();
+                    dir.write_atomic("manifest.json", &serde_json::to_vec(&m).unwrap()).await.unwrap();
+                    "the store is of format version 2, this build of lingtab reads version 1".to_string()
+                }
+            };
+            drop(dir);
+            let err = message(load().await.err().unwrap_or_else(|| panic!("{kind}: an engine loaded from a damaged store")).into());
+            log(&format!("{kind}: {err}"));
+            let named = if kind.contains("zeroed") { err.contains(&want) && (err.contains("layer") || err.contains("weight") || err.contains("header")) } else { err.contains(&want) };
+            assert!(named, "{kind}: {err}");
+            let repaired = ingest_again().await;
+            let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+            if kind.contains("format version") {
+                let err = message(repaired.err().expect("an ingest into a store of another format").into());
+                assert!(err.contains(&want), "{kind}: {err}");
+                // put back a manifest of this version, then the store is as it was
+                let mut m: serde_json::Value = serde_json::from_slice(&dir.read_all("manifest.json").await.unwrap().unwrap()).unwrap();
+                m["format_version"] = 1.into();
+                dir.write_atomic("manifest.json", &serde_json::to_vec(&m).unwrap()).await.unwrap();
+            } else {
+                assert_eq!(get(&repaired.unwrap(), "state").as_string().as_deref(), Some("complete"), "{kind}");
+            }
+            assert!(read_file(&dir, "data.bin").await == intact, "{kind}: the store's bytes after the ingest differ from the GGUF bytes laid out");
+            assert!(read_checks(&dir).await.unwrap() == Some(checks_of(&files)), "{kind}");
+        }
+        let engine = load().await.expect("the mended store loads");
+        engine.dispose();
         assert!(OpfsDir::delete(&name).await.unwrap());
     }
 

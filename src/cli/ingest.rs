@@ -25,6 +25,12 @@ pub struct IngestArgs {
     /// Requests in flight
     #[arg(long, default_value_t = 6)]
     pub in_flight: usize,
+    /// Seconds a connection may stay silent (no bytes of an answer) before its request is retried
+    #[arg(long, default_value_t = crate::source::DEFAULT_STALL_TIMEOUT.as_secs_f64())]
+    pub stall_timeout: f64,
+    /// Tries per request after the first (transport errors, stalls, 5xx/429, short bodies)
+    #[arg(long, default_value_t = 4)]
+    pub retries: u32,
     /// No progress line
     #[arg(long)]
     pub quiet: bool,
@@ -63,8 +69,20 @@ pub fn run(args: &IngestArgs) -> Result<(), String> {
             h.sha256 = Some(s.to_ascii_lowercase());
         }
     }
-    let sources: Vec<HttpSource> = urls.iter().map(|u| HttpSource::new(u)).collect();
-    let dir = FsDir::new(&args.store)?;
+    if !(args.stall_timeout.is_finite() && args.stall_timeout > 0.0) {
+        return Err(format!("--stall-timeout must be a positive number of seconds, not {}", args.stall_timeout));
+    }
+    let stall = std::time::Duration::from_secs_f64(args.stall_timeout);
+    let sources: Vec<HttpSource> = urls
+        .iter()
+        .map(|u| {
+            let mut s = HttpSource::new(u).with_stall_timeout(stall);
+            s.retries = args.retries;
+            s
+        })
+        .collect();
+    // one ingest of a store at a time, and none while an engine reads it
+    let dir = FsDir::new(&args.store)?.hold(crate::store::Hold::Exclusive)?;
     let options = IngestOptions { unit_bytes: args.unit_bytes, in_flight: args.in_flight };
     let quiet = args.quiet;
     let mut last = std::time::Instant::now() - std::time::Duration::from_secs(1);

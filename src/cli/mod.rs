@@ -45,6 +45,10 @@ enum Command {
         /// URL_PREFIX=DIR, repeatable (e.g. --mount /=www --mount /pkg=pkg)
         #[arg(long = "mount", value_parser = serve::parse_mount, required = true)]
         mounts: Vec<(String, PathBuf)>,
+        /// Also serve every file under /faults/{stall,stall-once,silent-once}/PATH, answers that stall on
+        /// purpose (for the browser tests of stalled downloads)
+        #[arg(long)]
+        faults: bool,
     },
     /// GGUF parts over HTTP Range into a store folder (resumable, verified)
     Ingest(ingest::IngestArgs),
@@ -216,7 +220,7 @@ pub fn main() {
     let result = match cli.command {
         Command::Inspect { path, json, full } => inspect::run(&path, json, full),
         Command::MakeTiny(args) => make_tiny::run(&args),
-        Command::Serve { host, port, mounts } => serve::run(&host, port, mounts),
+        Command::Serve { host, port, mounts, faults } => serve::run(&host, port, mounts, faults),
         Command::Ingest(args) => ingest::run(&args),
         Command::Logits { model, tokens, out, margins, engine } => {
             run::logits(&model.path(), &tokens, &out, margins.as_deref(), &engine.options())

@@ -56,7 +56,8 @@ pub fn load_engine_from_store(dir: &Path, options: &EngineOptions) -> Result<Eng
     if !dir.join(crate::store::MANIFEST_FILE).is_file() {
         return Err(format!("{}: no store here (no {})", dir.display(), crate::store::MANIFEST_FILE));
     }
-    let dir = crate::store::FsDir::new(dir)?;
+    // held shared while the engine reads it (its part views keep the hold): no ingest meanwhile
+    let dir = crate::store::FsDir::new(dir)?.hold(crate::store::Hold::Shared)?;
     pollster::block_on(async {
         let (model, parts) = crate::store::open_complete(&dir).await?;
         let checks = crate::store::read_checks(&dir).await?;

@@ -64,7 +64,45 @@ fn floats(gpu: &Gpu, label: &str, n: usize) -> wgpu::Buffer {
     gpu.storage_buffer(label, (n.max(1) * 4) as u64)
 }
 
+/// Bytes of a buffer of `n` floats, as [`floats`] makes it.
+fn float_bytes(n: usize) -> u64 {
+    (n.max(1) * 4) as u64
+}
+
 impl State {
+    /// GPU bytes [`State::new`] allocates for `n_ctx` tokens and a vocabulary of `vocab` (known before any
+    /// allocation, so a context too large for the device or budget is refused first), and the largest
+    /// per-layer cache among them (one buffer, bound whole by the MLA kernels).
+    pub fn bytes_needed(c: &Config, n_ctx: usize, vocab: usize) -> (u64, u64) {
+        let (h, d_kda, nh) = (c.hidden, c.kda_dim(), c.n_head);
+        let latent = c.kv_lora_rank + c.rope_dim;
+        let mut total = 0;
+        let mut largest_cache = 0;
+        for kind in &c.attention {
+            match kind {
+                Attention::Kda => {
+                    total += float_bytes(3 * d_kda * (c.conv_kernel - 1)) + float_bytes(nh * c.kda_head_dim * c.kda_head_dim) + float_bytes(3 * d_kda * c.conv_kernel);
+                }
+                Attention::Mla => {
+                    let cache = float_bytes(n_ctx * latent);
+                    largest_cache = largest_cache.max(cache);
+                    total += cache;
+                }
+            }
+        }
+        let k = c.n_expert_used;
+        let ff_max = c.ff_dense.max(c.ff_shared).max(k * c.ff_expert);
+        let scratch = [
+            h, h, h, h, 3 * d_kda, 3 * d_kda, d_kda, nh, d_kda + nh, d_kda, d_kda, d_kda,
+            nh * c.key_length_mla, latent, nh * latent, nh * c.kv_lora_rank, nh * c.value_length_mla, nh,
+            2 * ff_max, ff_max, c.n_expert, k * h, 2 * c.ff_shared, c.ff_shared, vocab,
+        ];
+        total += scratch.iter().map(|&n| float_bytes(n)).sum::<u64>() + 8;
+        let selection = (moe::selection_words(k as u32) as u64 * 4).max(4).next_multiple_of(4);
+        total += (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).count() as u64 * selection;
+        (total, largest_cache)
+    }
+
     pub fn new(gpu: &Gpu, c: &Config, weights: &Weights, n_ctx: usize) -> Result<State, String> {
         let (h, d_kda, nh) = (c.hidden, c.kda_dim(), c.n_head);
         let k_conv = c.conv_kernel;
@@ -144,6 +182,7 @@ impl State {
         };
         let mut state = state;
         state.bytes = state.buffers().map(|b| b.size()).sum();
+        debug_assert_eq!(state.bytes, Self::bytes_needed(c, n_ctx, vocab).0, "State::bytes_needed disagrees with State::new");
         state.clear(gpu);
         Ok(state)
     }

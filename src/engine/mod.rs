@@ -104,21 +104,68 @@ fn pool_slots(config: &Config, tensors: &ExpertTensors, dense: u64, states: u64,
     Ok(n as u32)
 }
 
-impl Engine {
-    /// Dense weights, states and the expert tensors' shapes; no pool yet.
-    async fn load_dense<S: RangeSource>(gpu: &Gpu, model: &SplitModel, parts: &[S], checks: Option<&StoreChecks>, options: &EngineOptions) -> Result<(Config, Weights, State, ExpertTensors, u64, usize), String> {
+/// What the engine will hold on the GPU, planned from the model's tensor table and the options before
+/// anything is read or allocated: a context or pool that cannot fit is refused here, with the numbers.
+struct Plan {
+    config: Config,
+    tensors: ExpertTensors,
+    n_ctx: usize,
+    max_binding: u64,
+    dense: u64,
+    states: u64,
+    slots: u32,
+}
+
+impl Plan {
+    fn new(gpu: &Gpu, model: &SplitModel, options: &EngineOptions) -> Result<Plan, String> {
         let config = Config::from_header(model.header()).map_err(|e| e.to_string())?;
         crate::model::layout::check_tensors(&config, model)?;
+        if options.n_ctx == Some(0) {
+            return Err("the context length must be at least 1 token".into());
+        }
         let limits = gpu.device.limits();
         let max_binding = options.max_binding.unwrap_or(u64::MAX).min(limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         if max_binding < 4096 {
             return Err(format!("binding limit {max_binding} is too small"));
         }
         let n_ctx = options.n_ctx.unwrap_or(4096).min(config.context_length).max(1);
+        let head = model.tensor("output.weight").or_else(|| model.tensor("token_embd.weight")).ok_or("the model has no output.weight or token_embd.weight")?;
+        let vocab = (head.info.n_elements() / head.info.dims[0].max(1)) as usize;
+        let (states, largest_cache) = forward::State::bytes_needed(&config, n_ctx, vocab);
+        // an MLA cache is one buffer, bound whole (not split like the weights): the device's own limit
+        let cache_limit = limits.max_storage_buffer_binding_size;
+        if largest_cache > cache_limit {
+            let per_token = forward::State::bytes_needed(&config, 1, vocab).1.max(1);
+            return Err(format!(
+                "a context of {n_ctx} tokens needs an MLA cache of {largest_cache} bytes per MLA layer, above the {cache_limit} bytes a buffer binding may hold on this GPU (maxStorageBufferBindingSize): use a context of at most {} tokens",
+                cache_limit / per_token
+            ));
+        }
+        let dense = crate::model::layout::Totals::of(&config, model).dense_bytes;
         let tensors = ExpertTensors::of(&config, model)?;
-        let weights = Weights::load(gpu, &config, model, max_binding, parts, checks).await?;
-        let state = State::new(gpu, &config, &weights, n_ctx)?;
-        Ok((config, weights, state, tensors, max_binding, n_ctx))
+        let slots = pool_slots(&config, &tensors, dense, states, options)?;
+        Ok(Plan { config, tensors, n_ctx, max_binding, dense, states, slots })
+    }
+
+    /// What an out-of-memory (or other GPU) error while loading says, with what the load asked for.
+    fn explain(&self, error: &str) -> String {
+        let pool = self.slots as u64 * self.tensors.slot_bytes();
+        format!(
+            "the GPU could not hold the engine ({error}): it asked for {} bytes (dense weights {}, states for {} tokens {}, expert pool {pool}); give a smaller expert pool or GPU budget (poolBytes/gpuBudgetBytes, --pool-bytes/--gpu-budget) or a shorter context",
+            self.dense + self.states + pool,
+            self.dense,
+            self.n_ctx,
+            self.states
+        )
+    }
+}
+
+impl Engine {
+    /// Dense weights and states (the pool is the caller's).
+    async fn load_dense<S: RangeSource>(gpu: &Gpu, plan: &Plan, model: &SplitModel, parts: &[S], checks: Option<&StoreChecks>) -> Result<(Weights, State), String> {
+        let weights = Weights::load(gpu, &plan.config, model, plan.max_binding, parts, checks).await?;
+        let state = State::new(gpu, &plan.config, &weights, plan.n_ctx)?;
+        Ok((weights, state))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -130,13 +177,20 @@ impl Engine {
     /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
     /// For a pool smaller than the experts, use [`Engine::open`], which keeps the parts to stream from.
     pub async fn load<S: RangeSource>(gpu: Gpu, model: &SplitModel, parts: &[S], options: &EngineOptions) -> Result<Engine, String> {
-        let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, parts, None, options).await?;
-        let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes, options)?;
-        if (slots as u64) < tensors.total() {
-            return Err(format!("a pool of {slots} experts (of {}) streams experts: load with Engine::open", tensors.total()));
+        let plan = Plan::new(&gpu, model, options)?;
+        if (plan.slots as u64) < plan.tensors.total() {
+            return Err(format!("a pool of {} experts (of {}) streams experts: load with Engine::open", plan.slots, plan.tensors.total()));
         }
-        let reader = PartsReader { parts: parts.iter().collect::<Vec<&S>>(), tensors: tensors.clone(), checks: None };
-        let pool = ExpertPool::load_resident(&gpu, &tensors, config.n_layer, max_binding, &reader).await?;
+        let loaded = gpu
+            .catching(|e| plan.explain(e), async {
+                let (weights, state) = Self::load_dense(&gpu, &plan, model, parts, None).await?;
+                let reader = PartsReader { parts: parts.iter().collect::<Vec<&S>>(), tensors: plan.tensors.clone(), checks: None };
+                let pool = ExpertPool::load_resident(&gpu, &plan.tensors, plan.config.n_layer, plan.max_binding, &reader).await?;
+                Ok((weights, state, pool))
+            })
+            .await;
+        let (weights, state, pool) = loaded?;
+        let Plan { config, tensors, n_ctx, max_binding, .. } = plan;
         Ok(Self::assemble(gpu, config, weights, pool, Experts::Resident, state, n_ctx, "resident", tensors, max_binding))
     }
 
@@ -149,21 +203,29 @@ impl Engine {
     /// [`Engine::open`] on a store's parts, with the store's check values: every dense tensor and every expert
     /// record read is checked before it goes to the GPU, so bytes changed on disk are an error, never output.
     pub async fn open_checked<S: RangeSource + 'static>(gpu: Gpu, model: &SplitModel, parts: Vec<S>, checks: Option<StoreChecks>, options: &EngineOptions) -> Result<Engine, String> {
-        let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, &parts, checks.as_ref(), options).await?;
-        let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes, options)?;
-        let reader = PartsReader { parts, tensors: tensors.clone(), checks: checks.map(std::rc::Rc::new) };
-        if slots as u64 >= tensors.total() {
-            let pool = ExpertPool::load_resident(&gpu, &tensors, config.n_layer, max_binding, &reader).await?;
-            return Ok(Self::assemble(gpu, config, weights, pool, Experts::Resident, state, n_ctx, "resident", tensors, max_binding));
-        }
+        let plan = Plan::new(&gpu, model, options)?;
+        let slots = plan.slots;
         let policy = options.policy.unwrap_or(Policy::DEFAULT);
-        let mut pool = ExpertPool::new(&gpu, &tensors, config.n_layer, slots, max_binding)?;
-        if options.upload == Some(Upload::StagingRing) {
-            pool.use_staging(&gpu, config.n_expert_used as u32);
-        }
-        let cache = ExpertCache::new(config.n_layer, tensors.n_expert, slots, policy);
-        let experts = Experts::Streaming { cache, reader: Box::new(reader) };
-        Ok(Self::assemble(gpu, config, weights, pool, experts, state, n_ctx, &policy.name(), tensors, max_binding))
+        let loaded = gpu
+            .catching(|e| plan.explain(e), async {
+                let (weights, state) = Self::load_dense(&gpu, &plan, model, &parts, checks.as_ref()).await?;
+                let reader = PartsReader { parts, tensors: plan.tensors.clone(), checks: checks.map(std::rc::Rc::new) };
+                if slots as u64 >= plan.tensors.total() {
+                    let pool = ExpertPool::load_resident(&gpu, &plan.tensors, plan.config.n_layer, plan.max_binding, &reader).await?;
+                    return Ok((weights, state, pool, Experts::Resident));
+                }
+                let mut pool = ExpertPool::new(&gpu, &plan.tensors, plan.config.n_layer, slots, plan.max_binding)?;
+                if options.upload == Some(Upload::StagingRing) {
+                    pool.use_staging(&gpu, plan.config.n_expert_used as u32);
+                }
+                let cache = ExpertCache::new(plan.config.n_layer, plan.tensors.n_expert, slots, policy);
+                Ok((weights, state, pool, Experts::Streaming { cache, reader: Box::new(reader) }))
+            })
+            .await;
+        let (weights, state, pool, experts) = loaded?;
+        let name = if matches!(experts, Experts::Resident) { "resident".to_string() } else { policy.name() };
+        let Plan { config, tensors, n_ctx, max_binding, .. } = plan;
+        Ok(Self::assemble(gpu, config, weights, pool, experts, state, n_ctx, &name, tensors, max_binding))
     }
 
     /// Gives a streaming engine a new, empty pool of `slots` slots and a cache with `policy` (benchmarks compare

@@ -118,6 +118,12 @@ impl Gpu {
     /// The best adapter of the platform's backend (WebGPU in the browser, Vulkan natively), with a device
     /// that has the adapter's own limits.
     pub async fn new() -> Result<Gpu, GpuError> {
+        Self::with_limits(|_| {}).await
+    }
+
+    /// [`Gpu::new`] with a device whose limits `adjust` lowers from the adapter's (to try the engine on the
+    /// limits of a smaller GPU than the one here).
+    pub async fn with_limits(adjust: impl FnOnce(&mut wgpu::Limits)) -> Result<Gpu, GpuError> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = if cfg!(target_arch = "wasm32") { wgpu::Backends::BROWSER_WEBGPU } else { wgpu::Backends::VULKAN };
         let instance = wgpu::Instance::new(desc);
@@ -134,7 +140,8 @@ impl Gpu {
                     "no WebGPU/Vulkan adapter found ({e}); in a browser, WebGPU needs Chrome or Edge 113+ on a machine with a supported GPU"
                 ))
             })?;
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
+        adjust(&mut limits);
         check_limits(&limits)?;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
@@ -209,6 +216,25 @@ impl Gpu {
         Ok(())
     }
 
+    /// Runs `work` (the engine's load: buffers made and filled) with the GPU's out-of-memory and validation
+    /// errors caught, so that either is the load's error — `explain` turns it into a message with the numbers —
+    /// rather than an uncaught error met at the first step; a device lost meanwhile is the load's error too.
+    pub async fn catching<T>(&self, explain: impl FnOnce(&str) -> String, work: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+        let out_of_memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let result = work.await;
+        let invalid = validation.pop().await;
+        let oom = out_of_memory.pop().await;
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        // a lost device first: its uploads fail validation as a consequence, not a cause
+        self.check().map_err(|e| e.0)?;
+        if let Some(e) = oom.or(invalid) {
+            return Err(explain(&e.to_string()));
+        }
+        result
+    }
+
     pub fn storage_buffer(&self, label: &str, size: u64) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
@@ -250,9 +276,15 @@ impl Gpu {
         });
         #[cfg(not(target_arch = "wasm32"))]
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError(format!("GPU poll failed: {e}")))?;
-        rx.await
-            .map_err(|_| GpuError("the GPU device was lost during a readback".into()))?
-            .map_err(|e| GpuError(format!("mapping a readback buffer failed: {e}")))?;
+        let mapped = rx.await.map_err(|_| GpuError("the GPU device was lost during a readback: load the engine again (the store is kept)".into()))?;
+        if let Err(e) = mapped {
+            // a fresh readback buffer fails to map when the device is gone; in the browser the loss itself is
+            // reported a moment later, so say what it means either way
+            #[cfg(target_arch = "wasm32")]
+            crate::js::sleep_ms(0).await;
+            self.check()?;
+            return Err(GpuError(format!("reading results back from the GPU failed ({e}): the GPU device was lost or is out of memory; load the engine again (the store is kept)")));
+        }
         let data = staging.slice(..).get_mapped_range().map_err(|e| GpuError(format!("readback: {e}")))?.to_vec();
         staging.unmap();
         // the work before this readback may have failed or lost the device: never hand back its results

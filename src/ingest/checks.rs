@@ -2,27 +2,52 @@
 //! each dense tensor and each expert's gate, up or down rows is a contiguous run of one part's bytes, so one
 //! running [`Checker`] (for the run in progress) sees each run's bytes whole and in order — no extra reads.
 //!
-//! Resuming: the value of every finished run is appended to [`CHECKS_LOG`] (index, value) before the hash
-//! state that counts its bytes as hashed is saved, so a resumed ingest finds the value of every run before the
-//! saved frontier in the log. The running xxh3 state is not saved; instead the one run that straddles the
-//! frontier has its hashed prefix read back from the store (at most one tensor, all of it journaled), and a
-//! finished run missing from the log (a log lost or cut short) is read back whole. The log is thus only a
-//! cache: whatever it lacks is recomputed from the same store bytes the sha256 was computed from.
+//! Every value must come from bytes the part's sha256 also saw, so that bytes changed on disk while an ingest
+//! was stopped fail that sha256 rather than becoming check values. Resuming: the value of every finished run is
+//! appended to [`CHECKS_LOG`] (index, value, and a check of the two) before the hash state that counts its
+//! bytes as hashed is saved, so a resumed ingest finds the value of every run before the saved frontier in the
+//! log. The run that straddles the frontier is hashed again from its start (the verifier keeps the sha256
+//! state at the start of the latest run). A log that lacks a finished run's value (lost, cut short, zeroed)
+//! makes the verifier start hashing from the first byte (read back, never refetched): [`RunChecks::resume`]
+//! says so by returning `None`.
 
 use crate::store::{Checker, IngestFiles, StoreChecks, StoreDir, StoreFile, StoreLayout, CHECKS_LOG};
 
-#[derive(Clone, Copy, Debug)]
-enum Target {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Part `n`'s header.
+    Header(usize),
     Dense(usize),
     Expert { layer: usize, expert: usize, which: usize },
 }
 
+impl Target {
+    /// The check value `checks` holds for this run.
+    pub fn expected(&self, checks: &StoreChecks, layout: &StoreLayout) -> Option<u64> {
+        match *self {
+            Target::Header(part) => checks.headers.get(part).copied(),
+            Target::Dense(i) => checks.dense.get(&layout.dense[i].name).copied(),
+            Target::Expert { layer, expert, which } => checks.expert(layer, expert as u32, which),
+        }
+    }
+
+    pub fn describe(&self, layout: &StoreLayout) -> String {
+        match *self {
+            Target::Header(part) => format!("the header of part {}", part + 1),
+            Target::Dense(i) => layout.dense[i].name.clone(),
+            Target::Expert { layer, expert, which } => format!("layer {layer} expert {expert}'s {} rows", ["gate", "up", "down"][which]),
+        }
+    }
+}
+
+/// A run of one part's bytes with a check value, and where it lies in the data file.
 #[derive(Clone, Copy, Debug)]
-struct Run {
-    part: usize,
-    file_offset: u64,
-    len: u64,
-    target: Target,
+pub struct Run {
+    pub part: usize,
+    pub file_offset: u64,
+    pub len: u64,
+    pub store_offset: u64,
+    pub target: Target,
 }
 
 impl Run {
@@ -31,25 +56,9 @@ impl Run {
     }
 }
 
-/// Bytes read back from the store at a time when recomputing.
-const READ_BACK: u64 = 16 << 20;
-
-pub struct RunChecks<F> {
-    runs: Vec<Run>,
-    values: Vec<Option<u64>>,
-    /// The first run not finished.
-    next: usize,
-    /// The running value of `runs[next]` (its bytes so far).
-    current: Checker,
-    /// Finished runs not yet in the log.
-    fresh: Vec<u32>,
-    log: F,
-    log_len: u64,
-    n_layer: usize,
-    n_expert: usize,
-}
-
-fn runs_of(layout: &StoreLayout) -> (Vec<Run>, usize) {
+/// The runs of the dense tensors and expert rows in file order (headers have their check values from the
+/// bytes the source sent for them, not from this pass), and the number of experts per layer.
+pub fn runs_of(layout: &StoreLayout) -> (Vec<Run>, usize) {
     let header = |p: &crate::store::Piece| p.file_offset == 0 && layout.header_offsets.get(p.part) == Some(&p.store_offset);
     let mut n_expert = 0;
     let mut runs = Vec::new();
@@ -67,59 +76,101 @@ fn runs_of(layout: &StoreLayout) -> (Vec<Run>, usize) {
             n_expert = n_expert.max(expert as usize + 1);
             Target::Expert { layer: r.layer, expert: expert as usize, which }
         };
-        runs.push(Run { part: p.part, file_offset: p.file_offset, len: p.len, target });
+        runs.push(Run { part: p.part, file_offset: p.file_offset, len: p.len, store_offset: p.store_offset, target });
     }
     (runs, n_expert)
 }
 
-async fn read_back<F: StoreFile>(files: &IngestFiles<F>, layout: &StoreLayout, part: usize, from: u64, to: u64, checker: &mut Checker) -> Result<(), String> {
+/// Every run the data file keeps, headers included, in data-file order.
+pub fn stored_runs(layout: &StoreLayout) -> Vec<Run> {
+    let mut runs = runs_of(layout).0;
+    for (part, (&store_offset, &len)) in layout.header_offsets.iter().zip(&layout.header_lens).enumerate() {
+        runs.push(Run { part, file_offset: 0, len, store_offset, target: Target::Header(part) });
+    }
+    runs.sort_by_key(|r| r.store_offset);
+    runs
+}
+
+/// Bytes read back from the store at a time.
+pub const READ_BACK: u64 = 16 << 20;
+
+/// Feeds bytes [from, to) of `part`, read back from the store, to `feed`.
+pub async fn read_back<F: StoreFile>(files: &IngestFiles<F>, layout: &StoreLayout, part: usize, from: u64, to: u64, feed: &mut dyn FnMut(u64, &[u8])) -> Result<(), String> {
     let mut at = from;
     while at < to {
         let n = READ_BACK.min(to - at);
-        checker.update(&files.read_part_range(layout, part, at, n).await?);
+        feed(at, &files.read_part_range(layout, part, at, n).await?);
         at += n;
     }
     Ok(())
 }
 
+/// A log entry: run index, check value, and the low half of a check value of those twelve bytes — so an
+/// entry cut short or zeroed is recognised and dropped, never taken for a value.
+const ENTRY: usize = 16;
+
+fn entry(index: u32, value: u64) -> [u8; ENTRY] {
+    let mut e = [0u8; ENTRY];
+    e[..4].copy_from_slice(&index.to_le_bytes());
+    e[4..12].copy_from_slice(&value.to_le_bytes());
+    let tag = crate::store::check_value(&e[..12]) as u32;
+    e[12..].copy_from_slice(&tag.to_le_bytes());
+    e
+}
+
+fn parse_entry(e: &[u8]) -> Option<(usize, u64)> {
+    let tag = u32::from_le_bytes(e[12..16].try_into().ok()?);
+    (tag == crate::store::check_value(&e[..12]) as u32).then(|| (u32::from_le_bytes(e[..4].try_into().unwrap()) as usize, u64::from_le_bytes(e[4..12].try_into().unwrap())))
+}
+
+pub struct RunChecks<F> {
+    runs: Vec<Run>,
+    values: Vec<Option<u64>>,
+    /// The first run not finished.
+    next: usize,
+    /// The running value of `runs[next]` (its bytes so far).
+    current: Checker,
+    /// Finished runs not yet in the log.
+    fresh: Vec<u32>,
+    log: F,
+    log_len: u64,
+    n_layer: usize,
+    n_expert: usize,
+}
+
 impl<F: StoreFile> RunChecks<F> {
     /// Check values with every part hashed up to `position` (part, byte offset; `(n_parts, 0)` when all is):
-    /// finished runs' values from the log (or read back), the straddling run's prefix read back.
-    pub async fn resume<D: StoreDir<File = F>>(dir: &D, files: &IngestFiles<F>, layout: &StoreLayout, position: (usize, u64)) -> Result<RunChecks<F>, String> {
+    /// the finished runs' values from the log, the run at the frontier empty (its hashed prefix is to be fed
+    /// again). `None` when the log lacks a finished run's value: hash from the first byte then.
+    pub async fn resume<D: StoreDir<File = F>>(dir: &D, layout: &StoreLayout, position: (usize, u64)) -> Result<Option<RunChecks<F>>, String> {
         let (runs, n_expert) = runs_of(layout);
         let mut values = vec![None; runs.len()];
         let next = runs.partition_point(|r| r.end() <= position);
-        let mut clean = Vec::new();
         if let Some(bytes) = dir.read_all(CHECKS_LOG).await? {
-            for c in bytes.chunks_exact(12) {
-                let i = u32::from_le_bytes(c[..4].try_into().expect("4 bytes")) as usize;
+            for (i, v) in bytes.chunks_exact(ENTRY).filter_map(parse_entry) {
                 if i < next {
-                    values[i] = Some(u64::from_le_bytes(c[4..].try_into().expect("8 bytes")));
+                    values[i] = Some(v);
                 }
             }
         }
-        let mut fresh = Vec::new();
-        for i in 0..next {
-            if values[i].is_none() {
-                let r = runs[i];
-                let mut c = Checker::default();
-                read_back(files, layout, r.part, r.file_offset, r.file_offset + r.len, &mut c).await?;
-                values[i] = Some(c.value());
-            }
-            clean.extend_from_slice(&(i as u32).to_le_bytes());
-            clean.extend_from_slice(&values[i].expect("set").to_le_bytes());
+        if values[..next].iter().any(Option::is_none) {
+            return Ok(None);
         }
-        let mut current = Checker::default();
-        if let Some(r) = runs.get(next) {
-            if r.part == position.0 && r.file_offset < position.1 {
-                read_back(files, layout, r.part, r.file_offset, position.1, &mut current).await?;
-            }
-        }
+        let clean: Vec<u8> = values[..next].iter().enumerate().flat_map(|(i, v)| entry(i as u32, v.expect("checked"))).collect();
         // the log rewritten clean (no torn entry, no stale values past the frontier), then opened to append
         dir.write_atomic(CHECKS_LOG, &clean).await?;
         let log = dir.open(CHECKS_LOG, true).await?.ok_or_else(|| format!("{}: cannot create {CHECKS_LOG}", dir.describe()))?;
-        fresh.clear();
-        Ok(RunChecks { runs, values, next, current, fresh, log, log_len: clean.len() as u64, n_layer: layout.n_layer, n_expert })
+        Ok(Some(RunChecks { runs, values, next, current: Checker::default(), fresh: Vec::new(), log, log_len: clean.len() as u64, n_layer: layout.n_layer, n_expert }))
+    }
+
+    /// Where the first unfinished run starts (part, file offset).
+    pub fn unfinished_start(&self) -> Option<(usize, u64)> {
+        self.runs.get(self.next).map(|r| (r.part, r.file_offset))
+    }
+
+    /// The file offsets in [start, end) of `part` where an unfinished run begins.
+    pub fn run_starts(&self, part: usize, start: u64, end: u64) -> impl Iterator<Item = u64> + '_ {
+        self.runs[self.next..].iter().skip_while(move |r| (r.part, r.file_offset) < (part, start)).take_while(move |r| (r.part, r.file_offset) < (part, end)).map(|r| r.file_offset)
     }
 
     /// Feeds bytes `start..start + bytes.len()` of `part`, the next bytes in file order.
@@ -148,11 +199,7 @@ impl<F: StoreFile> RunChecks<F> {
         if self.fresh.is_empty() {
             return Ok(());
         }
-        let mut bytes = Vec::with_capacity(self.fresh.len() * 12);
-        for &i in &self.fresh {
-            bytes.extend_from_slice(&i.to_le_bytes());
-            bytes.extend_from_slice(&self.values[i as usize].expect("finished").to_le_bytes());
-        }
+        let bytes: Vec<u8> = self.fresh.iter().flat_map(|&i| entry(i, self.values[i as usize].expect("finished"))).collect();
         self.log.write_at(self.log_len, &bytes).await?;
         self.log.flush().await?;
         self.log_len += bytes.len() as u64;
@@ -172,12 +219,12 @@ impl<F: StoreFile> RunChecks<F> {
         self.save().await
     }
 
-    /// The store's checks, once every run is finished.
+    /// The store's checks (without the headers'), once every run is finished.
     pub fn checks(&self, layout: &StoreLayout) -> Option<StoreChecks> {
         if self.next != self.runs.len() {
             return None;
         }
-        let mut checks = StoreChecks { dense: Default::default(), experts: vec![None; self.n_layer] };
+        let mut checks = StoreChecks { dense: Default::default(), experts: vec![None; self.n_layer], headers: Vec::new() };
         for r in &layout.experts {
             if r.layer >= checks.experts.len() {
                 checks.experts.resize(r.layer + 1, None);
@@ -187,6 +234,7 @@ impl<F: StoreFile> RunChecks<F> {
         for (r, v) in self.runs.iter().zip(&self.values) {
             let v = (*v)?;
             match r.target {
+                Target::Header(_) => {}
                 Target::Dense(i) => {
                     checks.dense.insert(layout.dense[i].name.clone(), v);
                 }
@@ -194,5 +242,24 @@ impl<F: StoreFile> RunChecks<F> {
             }
         }
         Some(checks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_entries_cut_short_or_zeroed_are_dropped() {
+        let e = entry(7, 0x1234_5678_9abc_def0);
+        assert_eq!(parse_entry(&e), Some((7, 0x1234_5678_9abc_def0)));
+        assert_eq!(parse_entry(&[0u8; ENTRY]), None);
+        for i in 0..ENTRY {
+            let mut bad = e;
+            bad[i] = 0;
+            if bad != e {
+                assert_eq!(parse_entry(&bad), None, "byte {i} zeroed");
+            }
+        }
     }
 }

@@ -10,6 +10,12 @@
 //! only when every unit is in and every byte hashed, one atomic manifest write — and only then are the journal,
 //! the tail, the hash state and the checks log removed (a kill before that leaves them for the next run).
 //!
+//! Before the store is marked complete, every run it keeps is read back once more and compared with its check
+//! value ([`repair`]): bytes changed on disk while the ingest was stopped, in a region already hashed, are
+//! found there and fetched again. Ingesting into a complete store runs the same check (and repair), so a store
+//! damaged later is mended by fetching only what is damaged. A store whose manifest is unreadable is made
+//! anew; one of another format version is refused.
+//!
 //! No step leaves the files in a state a resume does not recognise: the data and tail files get their full
 //! lengths once, right after the manifest that describes them, and keep them; the journal and the hash state
 //! are only ever appended to or replaced atomically, and each is checked against the other on resume.
@@ -18,15 +24,16 @@ mod checks;
 mod journal;
 mod plan;
 mod progress;
+pub mod repair;
 pub mod sha;
 mod verify;
 
 pub use progress::{Phase, Progress};
 use crate::gguf::SplitModel;
-use crate::source::{read_header, RangeSource};
+use crate::source::{read_header_bytes, RangeSource};
 use crate::store::{
-    read_manifest, remove_ingest_files, write_checks, write_manifest, IngestFiles, Manifest, PartIdentity, StoreDir, StoreFile, StoreLayout, StoreState, DATA_FILE,
-    CHECKS_FILE, CHECKS_LOG, HASH_FILE, JOURNAL_FILE, TAIL_FILE,
+    check_value, find_manifest, manifest_message, read_checks, remove_ingest_files, write_checks, write_manifest, IngestFiles, Manifest, ManifestError, PartIdentity, StoreDir,
+    StoreFile, StoreLayout, StoreState, DATA_FILE, CHECKS_FILE, CHECKS_LOG, HASH_FILE, JOURNAL_FILE, TAIL_FILE,
 };
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use journal::Journal;
@@ -93,6 +100,43 @@ async fn file_size<F: StoreFile>(file: &Option<F>) -> Result<Option<u64>, String
     }
 }
 
+/// Ingesting into a complete store: its runs checked against its check values and the damaged ones fetched
+/// again; the manifest when that leaves it whole, `None` when it cannot be checked (no usable check values, no
+/// data file) and must be made anew.
+#[allow(clippy::too_many_arguments)]
+async fn check_complete<S: RangeSource, D: StoreDir>(
+    dir: &D,
+    old: &Manifest,
+    layout: &StoreLayout,
+    parts: &[S],
+    header_checks: &[u64],
+    options: &IngestOptions,
+    total: u64,
+    on_progress: &mut dyn FnMut(&Progress),
+) -> Result<Option<Manifest>, String> {
+    let mut checks = match read_checks(dir).await {
+        Ok(Some(c)) => c,
+        _ => return Ok(None),
+    };
+    // a store from before headers had check values: the headers are held to what the (same) source sends
+    let add_headers = checks.headers.is_empty();
+    if add_headers {
+        checks.headers = header_checks.to_vec();
+    }
+    let Some(data) = dir.open(DATA_FILE, false).await? else { return Ok(None) };
+    let meter = Meter::new(Phase::Verify, 0, layout.data_len);
+    let mut report = |phase: Phase, done: u64, of: u64| on_progress(&if phase == Phase::Verify { meter.at(done) } else { Progress::at_rest(phase, done, of) });
+    let unit = if old.unit_bytes > 0 { old.unit_bytes } else { options.unit_bytes };
+    repair::check_and_repair(&data, layout, &checks, parts, unit, &dir.describe(), &mut report).await?;
+    drop(data);
+    if add_headers {
+        write_checks(dir, &checks).await?;
+    }
+    remove_ingest_files(dir).await?;
+    on_progress(&Progress::at_rest(Phase::Done, total, total));
+    Ok(Some(old.clone()))
+}
+
 /// Ingests `parts` (the model's parts, in order) into the store in `dir`; returns the manifest of the complete
 /// store. `hints` (one per part, or empty) carry what is known besides the bytes: ETag, size, sha256.
 pub async fn ingest<S: RangeSource, D: StoreDir>(
@@ -110,8 +154,11 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     }
     on_progress(&Progress::at_rest(Phase::Headers, 0, 0));
     let mut headers = Vec::new();
+    // the headers' check values, from the bytes the sources send for them
+    let mut header_checks = Vec::new();
     for (i, s) in parts.iter().enumerate() {
-        let (h, size) = read_header(s).await?;
+        let (h, size, prefix) = read_header_bytes(s).await?;
+        header_checks.push(check_value(&prefix[..(h.data_start as usize).min(prefix.len())]));
         if let Some(want) = hints.get(i).and_then(|h| h.size) {
             if want != size {
                 return Err(format!("{}: the part is {size} bytes, expected {want}: wrong or changed file", s.describe()));
@@ -132,9 +179,16 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     let mut manifest = Manifest::new(&layout, identities, options.unit_bytes);
     let total: u64 = layout.part_lens.iter().sum();
 
-    // resume or start over
+    // resume, check a complete store, or start over
     let mut resumable = false;
-    if let Some(old) = read_manifest(dir).await? {
+    let old = match find_manifest(dir).await? {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        // nothing in a store whose manifest is unreadable can be trusted: it is made anew
+        Some(Err(ManifestError::Unreadable(_))) => None,
+        Some(Err(e)) => return Err(manifest_message(&dir.describe(), &e)),
+    };
+    if let Some(old) = old {
         let same_source = old.parts.len() == manifest.parts.len()
             && old.parts.iter().zip(&manifest.parts).all(|(a, b)| a.size == b.size && a.etag == b.etag && a.header_len == b.header_len && (a.sha256.is_none() || b.sha256.is_none() || a.sha256 == b.sha256));
         if !same_source {
@@ -144,14 +198,16 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
             ));
         }
         if old.state == StoreState::Complete {
-            remove_ingest_files(dir).await?;
-            on_progress(&Progress::at_rest(Phase::Done, total, total));
-            return Ok(old);
-        }
-        // a resumed ingest keeps the unit size its journal and hash state count in
-        resumable = old.data_len == layout.data_len && old.ingest_len == layout.ingest_len && old.unit_bytes > 0;
-        if resumable {
-            manifest.unit_bytes = old.unit_bytes;
+            if let Some(done) = check_complete(dir, &old, &layout, parts, &header_checks, options, total, on_progress).await? {
+                return Ok(done);
+            }
+            // no check values to hold the bytes to (lost, or a store from before them): fetched anew
+        } else {
+            // a resumed ingest keeps the unit size its journal and hash state count in
+            resumable = old.data_len == layout.data_len && old.ingest_len == layout.ingest_len && old.unit_bytes > 0;
+            if resumable {
+                manifest.unit_bytes = old.unit_bytes;
+            }
         }
     }
     let units = plan_units(&layout, manifest.unit_bytes);
@@ -245,11 +301,17 @@ pub async fn ingest<S: RangeSource, D: StoreDir>(
     for (p, got) in manifest.parts.iter_mut().zip(digests) {
         p.sha256.get_or_insert_with(|| got.clone());
     }
-    let checks = verifier.checks(&layout).ok_or_else(|| format!("{}: every byte was hashed but not every check value computed (a bug)", dir.describe()))?;
+    let mut checks = verifier.checks(&layout).ok_or_else(|| format!("{}: every byte was hashed but not every check value computed (a bug)", dir.describe()))?;
+    checks.headers = header_checks;
     let size = files.data.size().await?;
     if size != layout.data_len {
         return Err(format!("{}: {DATA_FILE} is {size} bytes, expected {}: the store was changed while ingesting", dir.describe(), layout.data_len));
     }
+    // every kept run once more against its check value: bytes changed on disk while the ingest was stopped,
+    // after they were hashed, are fetched again here
+    let checking = Meter::new(Phase::Verify, 0, layout.data_len);
+    let mut report = |phase: Phase, done: u64, of: u64| on_progress(&if phase == Phase::Verify { checking.at(done) } else { Progress::at_rest(phase, done, of) });
+    repair::check_and_repair(&files.data, &layout, &checks, parts, manifest.unit_bytes, &dir.describe(), &mut report).await?;
     drop((journal, files, verifier));
     // the check values first: a complete store always has them
     write_checks(dir, &checks).await?;

@@ -6,7 +6,9 @@ use crate::clock::now_s;
 pub enum Phase {
     /// Reading the parts' headers (to plan the layout).
     Headers,
-    /// Hashing bytes already in the store (a resumed ingest catching up in file order).
+    /// Hashing bytes already in the store (a resumed ingest catching up in file order), and checking every
+    /// stored run against its check value before the store is marked complete (or when ingesting into a
+    /// complete store).
     Verify,
     /// Fetching units (hashing them as they arrive).
     Fetch,

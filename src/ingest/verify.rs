@@ -2,10 +2,12 @@
 //! hashed; when the unit there is in, it and every finished unit after it are fed to the part's running
 //! sha256 — from memory when their bytes are still held (a few units at most), else read back from the
 //! store. The running state is saved (atomically) whenever the frontier moves, so a resumed ingest goes on
-//! hashing where it stopped: never refetching, and reading back only units finished past the frontier.
-//! The same bytes, in the same order, give the store's check values ([`RunChecks`]).
+//! hashing where it stopped: never refetching, and reading back only units finished past the frontier — and
+//! the prefix of the check-value run at the frontier, hashed again from the sha256 state saved at that run's
+//! start, so no check value is computed from bytes the sha256 did not see. The same bytes, in the same order,
+//! give the store's check values ([`RunChecks`]).
 
-use super::checks::RunChecks;
+use super::checks::{read_back, RunChecks};
 use super::plan::Unit;
 use super::sha::ResumableSha256;
 use crate::store::{IngestFiles, StoreChecks, StoreDir, StoreFile, StoreLayout, HASH_FILE};
@@ -22,6 +24,10 @@ struct Saved {
     finished: Vec<String>,
     /// The running hash of the frontier's part.
     current: ResumableSha256,
+    /// The frontier part's running hash at the start of the latest check-value run begun in it (file
+    /// offset, state): where a resume hashes that run again from, when it straddles the frontier.
+    #[serde(default)]
+    run_start: Option<(u64, ResumableSha256)>,
 }
 
 /// A part whose bytes do not hash to what was expected.
@@ -69,17 +75,41 @@ impl<F: StoreFile> Verifier<F> {
         expected: &[Option<String>],
         hold_at_most: usize,
     ) -> Result<Verifier<F>, String> {
-        let fresh = Saved { unit_bytes, next_unit: 0, finished: Vec::new(), current: ResumableSha256::new() };
+        let fresh = || Saved { unit_bytes, next_unit: 0, finished: Vec::new(), current: ResumableSha256::new(), run_start: None };
         let saved = match dir.read_all(HASH_FILE).await? {
-            Some(bytes) => serde_json::from_slice::<Saved>(&bytes).ok().filter(|s| Self::agrees(s, layout, units, unit_bytes, done, expected)).unwrap_or(fresh),
-            None => fresh,
+            Some(bytes) => serde_json::from_slice::<Saved>(&bytes).ok().filter(|s| Self::agrees(s, layout, units, unit_bytes, done, expected)).unwrap_or_else(fresh),
+            None => fresh(),
         };
-        let position = match units.get(saved.next_unit) {
+        let position = |s: &Saved| match units.get(s.next_unit) {
             Some(u) => (u.part, u.start),
             None => (layout.part_lens.len(), 0),
         };
-        let checks = RunChecks::resume(dir, files, layout, position).await?;
-        Ok(Verifier { saved, checks, held: HashMap::new(), hold_at_most: hold_at_most.max(1) })
+        let from_start = || async { RunChecks::resume(dir, layout, (0, 0)).await.map(|c| c.expect("nothing is finished before the first byte")) };
+        let mut verifier = match RunChecks::resume(dir, layout, position(&saved)).await? {
+            Some(checks) => Verifier { saved, checks, held: HashMap::new(), hold_at_most: hold_at_most.max(1) },
+            // the log lacks a value: every value is recomputed with the sha256, from the first byte
+            None => Verifier { saved: fresh(), checks: from_start().await?, held: HashMap::new(), hold_at_most: hold_at_most.max(1) },
+        };
+        let (part, at) = position(&verifier.saved);
+        if let Some((run_part, run_from)) = verifier.checks.unfinished_start().filter(|&(p, o)| p == part && o < at) {
+            debug_assert_eq!(run_part, part);
+            match verifier.saved.run_start.take() {
+                Some((offset, state)) if offset == run_from && state.len() == run_from && state.is_consistent() => {
+                    // the run's hashed prefix, read back and hashed again into both
+                    verifier.saved.current = state.clone();
+                    verifier.saved.run_start = Some((offset, state));
+                    let Verifier { saved, checks, .. } = &mut verifier;
+                    read_back(files, layout, part, run_from, at, &mut |from, bytes| {
+                        saved.current.update(bytes);
+                        checks.feed(part, from, bytes);
+                    })
+                    .await?;
+                }
+                // no state at that run's start (a state saved by an older build): hash from the first byte
+                _ => verifier = Verifier { saved: fresh(), checks: from_start().await?, held: HashMap::new(), hold_at_most: hold_at_most.max(1) },
+            }
+        }
+        Ok(verifier)
     }
 
     fn agrees(s: &Saved, layout: &StoreLayout, units: &[Unit], unit_bytes: u64, done: &HashSet<u32>, expected: &[Option<String>]) -> bool {
@@ -133,11 +163,11 @@ impl<F: StoreFile> Verifier<F> {
                 Some(b) => b,
                 None => files.read_part_range(layout, u.part, u.start, u.len).await?,
             };
-            self.saved.current.update(&bytes);
-            self.checks.feed(u.part, u.start, &bytes);
+            self.feed(u.part, u.start, &bytes);
             self.saved.next_unit += 1;
             on_hashed(u.len);
             if u.ends_part(layout) {
+                self.saved.run_start = None;
                 let got = std::mem::take(&mut self.saved.current).finish_hex();
                 if let Some(want) = expected.get(u.part).and_then(|w| w.as_ref()) {
                     if &got != want {
@@ -157,12 +187,28 @@ impl<F: StoreFile> Verifier<F> {
         Ok(())
     }
 
+    /// Feeds the next bytes in file order to the part's sha256 and the check values, keeping the sha256 state
+    /// at each check-value run's start.
+    fn feed(&mut self, part: usize, start: u64, bytes: &[u8]) {
+        let starts: Vec<u64> = self.checks.run_starts(part, start, start + bytes.len() as u64).collect();
+        let mut at = 0usize;
+        for s in starts {
+            let cut = (s - start) as usize;
+            self.saved.current.update(&bytes[at..cut]);
+            self.saved.run_start = Some((s, self.saved.current.clone()));
+            at = cut;
+        }
+        self.saved.current.update(&bytes[at..]);
+        self.checks.feed(part, start, bytes);
+    }
+
     /// Moves the frontier back to the first unit of `part` (saved), forgetting that part's hash and later ones.
     pub async fn rewind_to_part<D: StoreDir>(&mut self, dir: &D, units: &[Unit], part: usize) -> Result<(), String> {
         let first = units.iter().position(|u| u.part == part).unwrap_or(units.len());
         self.saved.next_unit = first.min(self.saved.next_unit);
         self.saved.finished.truncate(part);
         self.saved.current = ResumableSha256::new();
+        self.saved.run_start = None;
         self.held.clear();
         self.checks.rewind_to_part(part).await?;
         let bytes = serde_json::to_vec(&self.saved).map_err(|e| e.to_string())?;

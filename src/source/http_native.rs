@@ -5,6 +5,11 @@
 //! Every answer is checked: 206 with a `Content-Range` naming exactly the bytes asked for and the size known
 //! from the first answer, a body of exactly that length, and the same validator (`X-Linked-Etag`, `ETag`, or
 //! failing both `Last-Modified`) as the first answer (a changed file is refused, never mixed in). Transport errors, 5xx/429 and short bodies are retried; the rest are not.
+//!
+//! A server that stalls (accepts the connection, or sends part of an answer, then nothing) must not hang an
+//! ingest: every read of the connection — the answer's headers, each piece of its body — has to bring bytes
+//! within the stall timeout ([`DEFAULT_STALL_TIMEOUT`], [`HttpSource::with_stall_timeout`]), else the request
+//! is abandoned and retried. It bounds silence, not the length of a download, so slow links still work.
 
 use super::remote::{check_identity, check_range, validator, RemoteIdentity};
 use super::RangeSource;
@@ -12,12 +17,16 @@ use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How long a connection may stay silent (no header or body bytes) before the request is retried.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[derive(Clone)]
 pub struct HttpSource {
     url: String,
     agent: ureq::Agent,
     identity: Arc<Mutex<Option<RemoteIdentity>>>,
     pub retries: u32,
+    stall_timeout: Duration,
 }
 
 enum Failure {
@@ -27,13 +36,29 @@ enum Failure {
 
 impl HttpSource {
     pub fn new(url: &str) -> HttpSource {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(30)))
-            .timeout_recv_body(Some(Duration::from_secs(120)))
-            .build()
-            .into();
-        HttpSource { url: url.to_string(), agent, identity: Arc::new(Mutex::new(None)), retries: 4 }
+        HttpSource { url: url.to_string(), agent: Self::agent(DEFAULT_STALL_TIMEOUT), identity: Arc::new(Mutex::new(None)), retries: 4, stall_timeout: DEFAULT_STALL_TIMEOUT }
+    }
+
+    fn agent(stall: Duration) -> ureq::Agent {
+        // per read, not per body: a 16 MiB unit on a slow link may take minutes, but never a silent minute
+        ureq::Agent::config_builder().http_status_as_error(false).timeout_connect(Some(stall)).timeout_per_read(Some(stall)).build().into()
+    }
+
+    /// Retries a request whose connection stays silent this long (connecting, waiting for the answer, or
+    /// between pieces of its body).
+    pub fn with_stall_timeout(mut self, stall: Duration) -> HttpSource {
+        self.agent = Self::agent(stall);
+        self.stall_timeout = stall;
+        self
+    }
+
+    /// What a transport error says, a timeout spelled out as a stall.
+    fn transport_error(&self, e: impl std::fmt::Display, timed_out: bool) -> String {
+        if timed_out {
+            format!("no bytes from the server for {} (it stalled; {e})", super::remote::describe_timeout_ms(self.stall_timeout.as_millis() as u64))
+        } else {
+            e.to_string()
+        }
     }
 
     pub fn describe_url(&self) -> &str {
@@ -70,7 +95,10 @@ impl HttpSource {
         let end = start + len - 1;
         let mut resp = match self.agent.get(url).header("Range", &format!("bytes={start}-{end}")).call() {
             Ok(r) => r,
-            Err(e) => return Err(Failure::Retry(format!("{url}: {e}"))),
+            Err(e) => {
+                let timed_out = matches!(e, ureq::Error::Timeout(_));
+                return Err(Failure::Retry(format!("{url}: bytes {start}-{end}: {}", self.transport_error(e, timed_out))));
+            }
         };
         let status = resp.status().as_u16();
         if status == 429 || status >= 500 {
@@ -95,7 +123,8 @@ impl HttpSource {
         let mut body = Vec::with_capacity(n as usize);
         let read = resp.body_mut().as_reader().take(n + 1).read_to_end(&mut body);
         if let Err(e) = read {
-            return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: the body broke off after {} bytes: {e}", body.len())));
+            let timed_out = e.kind() == std::io::ErrorKind::TimedOut || e.to_string().contains("timeout");
+            return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: the body broke off after {} bytes: {}", body.len(), self.transport_error(e, timed_out))));
         }
         if body.len() as u64 != n {
             return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: got {} bytes of {n}", body.len())));

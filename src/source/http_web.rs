@@ -3,6 +3,12 @@
 //! validator (`ETag`, …) of the first answer on every later one (a changed file is refused, never mixed in).
 //! Network errors, 5xx/429 and short bodies are retried a few times with a growing pause; the rest are not.
 //! Requests bypass the HTTP cache (`no-store`): tens of GB of model must not evict the rest of the cache.
+//!
+//! `fetch` has no timeout of its own, and a server that sends part of an answer and then nothing would hold
+//! an ingest forever: the answer and every chunk of its body (read from the body's stream) must come within
+//! the stall timeout ([`DEFAULT_STALL_TIMEOUT_MS`], [`HttpSource::with_stall_timeout_ms`]), else that attempt
+//! is aborted (its own `AbortController`, joined to the caller's signal) and retried. Silence is bounded,
+//! not the length of a download.
 
 use super::remote::{check_identity, check_range, parse_content_range, validator, RemoteIdentity};
 use super::RangeSource;
@@ -11,11 +17,15 @@ use std::cell::RefCell;
 use wasm_bindgen::JsValue;
 use wasm_bindgen_futures::JsFuture;
 
+/// How long an answer, or the next chunk of its body, may take before the request is retried.
+pub const DEFAULT_STALL_TIMEOUT_MS: u32 = 30_000;
+
 pub struct HttpSource {
     pub url: String,
     identity: RefCell<Option<RemoteIdentity>>,
     signal: Option<web_sys::AbortSignal>,
     pub retries: u32,
+    stall_ms: u32,
 }
 
 enum Failure {
@@ -25,7 +35,17 @@ enum Failure {
 
 impl HttpSource {
     pub fn new(url: impl Into<String>) -> HttpSource {
-        HttpSource { url: url.into(), identity: RefCell::new(None), signal: None, retries: 4 }
+        HttpSource { url: url.into(), identity: RefCell::new(None), signal: None, retries: 4, stall_ms: DEFAULT_STALL_TIMEOUT_MS }
+    }
+
+    /// Retries a request whose answer, or the next chunk of whose body, takes longer than `ms`.
+    pub fn with_stall_timeout_ms(mut self, ms: u32) -> HttpSource {
+        self.stall_ms = ms.max(1);
+        self
+    }
+
+    fn stalled(&self, what: &str) -> Failure {
+        Failure::Retry(format!("{}: {what}: no bytes from the server for {} (it stalled)", self.url, super::remote::describe_timeout_ms(self.stall_ms as u64)))
     }
 
     /// Requests in flight stop at once when `signal` aborts.
@@ -59,14 +79,24 @@ impl HttpSource {
         headers.set("Range", &format!("bytes={start}-{end}")).map_err(fatal)?;
         init.set_headers(&headers);
         init.set_cache(web_sys::RequestCache::NoStore);
-        init.set_signal(self.signal.as_ref());
+        // this attempt's own controller, so a stall can end it without aborting the caller's signal
+        let attempt = web_sys::AbortController::new().map_err(fatal)?;
+        let signal = match &self.signal {
+            Some(outer) => web_sys::AbortSignal::any(&js_sys::Array::of2(outer, &attempt.signal())),
+            None => attempt.signal(),
+        };
+        init.set_signal(Some(&signal));
         let request = web_sys::Request::new_with_str_and_init(url, &init).map_err(fatal)?;
         let aborted = |e: &JsValue| js::error_name(e).as_deref() == Some("AbortError");
-        let response = match js::fetch(&request).await {
-            Ok(r) => r,
-            Err(e) if aborted(&e) => return Err(Failure::Fatal(format!("{url}: aborted"))),
+        let response = match js::within(self.stall_ms, js::fetch(&request)).await {
+            None => {
+                attempt.abort();
+                return Err(self.stalled(&format!("bytes {start}-{end}: waiting for the answer")));
+            }
+            Some(Ok(r)) => r,
+            Some(Err(e)) if aborted(&e) => return Err(Failure::Fatal(format!("{url}: aborted"))),
             // a TypeError: the network failed (or CORS refused, which a retry does not mend, but cannot be told apart)
-            Err(e) => return Err(Failure::Retry(format!("{url}: {}", js::message(&e)))),
+            Some(Err(e)) => return Err(Failure::Retry(format!("{url}: {}", js::message(&e)))),
         };
         let status = response.status();
         match status {
@@ -87,21 +117,44 @@ impl HttpSource {
         let tag = validator(header("x-linked-etag"), header("etag"), header("last-modified"));
         check_identity(&mut self.identity.borrow_mut(), url, total, tag).map_err(Failure::Fatal)?;
         let want_end = check_range(url, start, end, &cr, total).map_err(Failure::Fatal)?;
-        let buffer = match response.array_buffer() {
-            Ok(p) => JsFuture::from(p).await,
-            Err(e) => Err(e),
-        };
-        let buffer = match buffer {
-            Ok(b) => b,
-            Err(e) if aborted(&e) => return Err(Failure::Fatal(format!("{url}: aborted"))),
-            Err(e) => return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: the body broke off: {}", js::message(&e)))),
-        };
-        let bytes = js_sys::Uint8Array::new(&buffer).to_vec();
         let n = want_end + 1 - start;
+        let body = self.read_body(&response, n, &attempt, &format!("bytes {start}-{want_end}")).await;
+        attempt.abort(); // nothing more is read from this answer (a longer body than asked for stops here)
+        let bytes = body?;
         if bytes.len() as u64 != n {
             return Err(Failure::Retry(format!("{url}: bytes {start}-{want_end}: got {} bytes of {n}", bytes.len())));
         }
         Ok((bytes, total))
+    }
+
+    /// Reads at most `n + 1` bytes of the body, chunk by chunk, each within the stall timeout.
+    async fn read_body(&self, response: &web_sys::Response, n: u64, attempt: &web_sys::AbortController, what: &str) -> Result<Vec<u8>, Failure> {
+        use wasm_bindgen::JsCast;
+        let url = &self.url;
+        let aborted = |e: &JsValue| js::error_name(e).as_deref() == Some("AbortError");
+        let Some(stream) = response.body() else { return Ok(Vec::new()) };
+        let reader: web_sys::ReadableStreamDefaultReader = stream.get_reader().unchecked_into();
+        let mut bytes = Vec::with_capacity(n as usize);
+        while (bytes.len() as u64) <= n {
+            let chunk = match js::within(self.stall_ms, JsFuture::from(reader.read())).await {
+                None => {
+                    attempt.abort();
+                    return Err(self.stalled(&format!("{what}: after {} of {n} bytes", bytes.len())));
+                }
+                Some(Ok(c)) => c,
+                Some(Err(e)) if aborted(&e) => return Err(Failure::Fatal(format!("{url}: aborted"))),
+                Some(Err(e)) => return Err(Failure::Retry(format!("{url}: {what}: the body broke off after {} bytes: {}", bytes.len(), js::message(&e)))),
+            };
+            if js_sys::Reflect::get(&chunk, &"done".into()).ok().and_then(|d| d.as_bool()).unwrap_or(true) {
+                break;
+            }
+            let value = js_sys::Reflect::get(&chunk, &"value".into()).map_err(|e| Failure::Retry(format!("{url}: {what}: {}", js::message(&e))))?;
+            let chunk = js_sys::Uint8Array::new(&value);
+            let at = bytes.len();
+            bytes.resize(at + chunk.length() as usize, 0);
+            chunk.copy_to(&mut bytes[at..]);
+        }
+        Ok(bytes)
     }
 
     async fn fetch(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {

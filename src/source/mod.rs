@@ -18,9 +18,9 @@ pub use blob::BlobSource;
 #[cfg(not(target_arch = "wasm32"))]
 pub use file::{read_exact_at, FileSource};
 #[cfg(not(target_arch = "wasm32"))]
-pub use http_native::HttpSource;
+pub use http_native::{HttpSource, DEFAULT_STALL_TIMEOUT};
 #[cfg(target_arch = "wasm32")]
-pub use http_web::HttpSource;
+pub use http_web::{HttpSource, DEFAULT_STALL_TIMEOUT_MS};
 pub use remote::RemoteIdentity;
 
 use crate::gguf::{parse_header, split_part_names, GgufError, Header, SplitModel};
@@ -49,10 +49,25 @@ const FIRST_READ: u64 = 1 << 20;
 
 /// Reads a GGUF header from a source, fetching a longer prefix whenever the parser asks for one.
 pub async fn read_header<S: RangeSource>(source: &S) -> Result<(Header, u64), String> {
+    read_header_bytes(source).await.map(|(h, total, _)| (h, total))
+}
+
+/// [`read_header`], with the bytes read (at least the header's `data_start` of them, unless the file is shorter).
+pub async fn read_header_bytes<S: RangeSource>(source: &S) -> Result<(Header, u64, Vec<u8>), String> {
     let (mut prefix, total) = source.read_range(0, FIRST_READ).await?;
     loop {
         match parse_header(&prefix, Some(total)) {
-            Ok(h) => return Ok((h, total)),
+            Ok(h) if h.data_start > prefix.len() as u64 && h.data_start <= total => {
+                // the header's padding up to the first tensor: part of what the store keeps of it
+                let start = prefix.len() as u64;
+                let (more, _) = source.read_range(start, h.data_start - start).await?;
+                if more.len() as u64 != h.data_start - start {
+                    return Err(format!("{}: the source returned {} of {} bytes at offset {start}", source.describe(), more.len(), h.data_start - start));
+                }
+                prefix.extend_from_slice(&more);
+                return Ok((h, total, prefix));
+            }
+            Ok(h) => return Ok((h, total, prefix)),
             Err(GgufError::NeedMoreBytes { needed }) if needed <= total && (prefix.len() as u64) < total => {
                 // grow geometrically so a 150k-token vocabulary costs a handful of requests, not hundreds
                 let want = needed.max(prefix.len() as u64 * 2).min(total);

@@ -20,6 +20,15 @@ pub fn as_sha256(etag: &str) -> Option<String> {
     (etag.len() == 64 && etag.bytes().all(|b| b.is_ascii_hexdigit())).then(|| etag.to_ascii_lowercase())
 }
 
+/// A stall timeout as people read it: "30 s", "250 ms".
+pub fn describe_timeout_ms(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{ms} ms")
+    }
+}
+
 /// `bytes START-END/TOTAL` → (start, end inclusive, total).
 pub fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
     let rest = v.trim().strip_prefix("bytes ")?;

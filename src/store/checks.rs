@@ -1,7 +1,7 @@
-//! Check values of a store's bytes, so a record (or dense tensor) changed on disk after ingest is caught when
-//! it is read, before it reaches the GPU: an xxh3-64 of every dense tensor and of every expert's gate, up and
-//! down rows. Computed by ingest as the bytes go by in file order (no extra reads), kept in `checks.json`
-//! beside the manifest.
+//! Check values of a store's bytes, so a record (or dense tensor, or header) changed on disk after ingest is
+//! caught when it is read, before it reaches the GPU: an xxh3-64 of each part's header, of every dense tensor
+//! and of every expert's gate, up and down rows. Computed by ingest as the bytes go by in file order (no extra
+//! reads; the headers from the bytes the source sent for them), kept in `checks.json` beside the manifest.
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -34,6 +34,9 @@ pub struct StoreChecks {
     pub dense: HashMap<String, u64>,
     /// Per trunk layer (None for dense layers): per expert, the check values of its [gate, up, down] rows.
     pub experts: Vec<Option<Vec<[u64; 3]>>>,
+    /// Per part, the check value of its header bytes (empty in stores made before headers had one).
+    #[serde(default)]
+    pub headers: Vec<u64>,
 }
 
 impl StoreChecks {
@@ -51,6 +54,15 @@ impl StoreChecks {
                 "layer {layer} expert {expert}: its {} rows in the store do not match their check value: the store was changed on disk after it was ingested; ingest it again",
                 ["gate", "up", "down"][which]
             )),
+        }
+    }
+
+    /// Checks part `part`'s stored header bytes (a store without header check values passes).
+    pub fn verify_header(&self, part: usize, bytes: &[u8]) -> Result<(), String> {
+        match self.headers.get(part) {
+            None => Ok(()),
+            Some(&want) if want == check_value(bytes) => Ok(()),
+            Some(_) => Err(format!("the header of part {} in the store does not match its check value: the store was changed on disk after it was ingested; ingest it again", part + 1)),
         }
     }
 

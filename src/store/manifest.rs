@@ -39,6 +39,33 @@ pub struct Manifest {
     pub data_len: u64,
     /// Data file length plus the tail file's (while ingesting).
     pub ingest_len: u64,
+    /// Whether the store has check values (`checks.json`, written before the store is complete); stores made
+    /// before check values existed have none, and a store that should have them but does not is refused.
+    #[serde(default)]
+    pub checks: bool,
+}
+
+/// Why a manifest's bytes are not a manifest this build can use.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ManifestError {
+    /// Not a manifest at all (not JSON, cut short, fields missing or of the wrong kind).
+    Unreadable(String),
+    /// A manifest of another store format (another version of lingtab made it).
+    Version(u64),
+}
+
+impl Manifest {
+    /// Parses a manifest, its format version first, so a store of another format is named as such rather
+    /// than as unreadable.
+    pub fn parse(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ManifestError::Unreadable(e.to_string()))?;
+        match value.get("format_version").and_then(|v| v.as_u64()) {
+            None => return Err(ManifestError::Unreadable("no format_version".into())),
+            Some(v) if v != FORMAT_VERSION as u64 => return Err(ManifestError::Version(v)),
+            Some(_) => {}
+        }
+        serde_json::from_value(value).map_err(|e| ManifestError::Unreadable(e.to_string()))
+    }
 }
 
 impl Manifest {
@@ -53,6 +80,7 @@ impl Manifest {
             experts: layout.experts.clone(),
             data_len: layout.data_len,
             ingest_len: layout.ingest_len,
+            checks: true,
         }
     }
 
@@ -100,6 +128,7 @@ mod tests {
             experts: vec![],
             data_len: 0,
             ingest_len: 0,
+            checks: true,
         };
         // units: part 1 → 100, 100, 50; part 2 → 100
         let journal = |units: &[u32]| units.iter().flat_map(|u| u.to_le_bytes()).collect::<Vec<u8>>();
@@ -110,5 +139,33 @@ mod tests {
         let mut torn = journal(&[1]);
         torn.extend_from_slice(&[3, 0]);
         assert_eq!(m.journaled_bytes(&torn), 100);
+    }
+
+    #[test]
+    fn a_manifest_of_another_version_is_named_and_garbage_is_unreadable() {
+        let m = Manifest {
+            format_version: FORMAT_VERSION,
+            state: StoreState::Complete,
+            parts: vec![],
+            unit_bytes: 1,
+            header_offsets: vec![],
+            dense: vec![],
+            experts: vec![],
+            data_len: 0,
+            ingest_len: 0,
+            checks: true,
+        };
+        let bytes = serde_json::to_vec(&m).unwrap();
+        assert_eq!(Manifest::parse(&bytes), Ok(m.clone()));
+        // another version, even with fields this build does not know
+        let other = br#"{"format_version": 7, "layout": "something new"}"#;
+        assert_eq!(Manifest::parse(other), Err(ManifestError::Version(7)));
+        for bad in [&bytes[..bytes.len() / 2], &b""[..], &b"\0\0\0\0"[..], &br#"{"format_version": 1}"#[..], &br#"[1, 2]"#[..]] {
+            assert!(matches!(Manifest::parse(bad), Err(ManifestError::Unreadable(_))), "{:?}", String::from_utf8_lossy(bad));
+        }
+        // a manifest from before check values: no checks flag
+        let mut old: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        old.as_object_mut().unwrap().remove("checks");
+        assert!(!Manifest::parse(&serde_json::to_vec(&old).unwrap()).unwrap().checks);
     }
 }

@@ -16,9 +16,9 @@ mod opfs;
 pub use checks::{check_value, Checker, StoreChecks, CHECKS_FILE};
 pub use files::IngestFiles;
 #[cfg(not(target_arch = "wasm32"))]
-pub use fs::{FsDir, FsFile};
+pub use fs::{FsDir, FsFile, Hold};
 pub use layout::{Piece, StoreLayout, StorePartView};
-pub use manifest::{Manifest, PartIdentity, StoreState, FORMAT_VERSION};
+pub use manifest::{Manifest, ManifestError, PartIdentity, StoreState, FORMAT_VERSION};
 #[cfg(target_arch = "wasm32")]
 pub use opfs::{check_quota, estimate, estimate_may_be_capped, persist, space_verdict, Access, OpfsDir, OpfsFile, STORES_FOLDER};
 
@@ -89,17 +89,36 @@ pub trait StoreDir {
     }
 }
 
-/// Reads a store's manifest; `None` when there is none.
-pub async fn read_manifest<D: StoreDir>(dir: &D) -> Result<Option<Manifest>, String> {
-    match dir.read_all(MANIFEST_FILE).await? {
-        None => Ok(None),
-        Some(bytes) => {
-            let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| format!("{}: bad manifest: {e}", dir.describe()))?;
-            if m.format_version != FORMAT_VERSION {
-                return Err(format!("{}: store format {} (this build reads {FORMAT_VERSION})", dir.describe(), m.format_version));
-            }
-            Ok(Some(m))
+/// What to do about a damaged store, said after the damage (ingest repairs what it can verify).
+pub const REPAIR_HINT: &str = "ingest into it again to repair it (what is intact is kept)";
+
+/// What to do about a store whose check values are lost.
+pub const UNCHECKABLE_HINT: &str = "ingest into it again (with nothing to check its bytes against, it is fetched anew)";
+
+/// A manifest error as a message naming the store and what to do.
+pub fn manifest_message(describe: &str, e: &ManifestError) -> String {
+    match e {
+        ManifestError::Unreadable(why) => {
+            format!("{describe}: {MANIFEST_FILE} is unreadable ({why}): the store was damaged; ingest into it again to make it anew")
         }
+        ManifestError::Version(v) => format!(
+            "{describe}: the store is of format version {v}, this build of lingtab reads version {FORMAT_VERSION}: another version of lingtab made it; use that version, or delete the store and ingest it again"
+        ),
+    }
+}
+
+/// Reads a store's manifest: `None` when there is none, `Some(Err)` when it is not one this build can use.
+pub async fn find_manifest<D: StoreDir>(dir: &D) -> Result<Option<Result<Manifest, ManifestError>>, String> {
+    Ok(dir.read_all(MANIFEST_FILE).await?.map(|bytes| Manifest::parse(&bytes)))
+}
+
+/// Reads a store's manifest; `None` when there is none, an error naming the problem when it is damaged or of
+/// another format version.
+pub async fn read_manifest<D: StoreDir>(dir: &D) -> Result<Option<Manifest>, String> {
+    match find_manifest(dir).await? {
+        None => Ok(None),
+        Some(Ok(m)) => Ok(Some(m)),
+        Some(Err(e)) => Err(manifest_message(&dir.describe(), &e)),
     }
 }
 
@@ -118,16 +137,21 @@ where
     if m.state != StoreState::Complete {
         return Err(format!("{}: the store is not complete (an ingest into it was interrupted or failed): ingest into it again to finish it", dir.describe()));
     }
-    let data = dir.open(DATA_FILE, false).await?.ok_or_else(|| format!("{}: {DATA_FILE} is missing", dir.describe()))?;
+    let data = dir.open(DATA_FILE, false).await?.ok_or_else(|| format!("{}: {DATA_FILE} is missing: {REPAIR_HINT}", dir.describe()))?;
     let size = data.size().await?;
     if size != m.data_len {
-        return Err(format!("{}: {DATA_FILE} is {size} bytes, the manifest says {}", dir.describe(), m.data_len));
+        return Err(format!("{}: {DATA_FILE} is {size} bytes, the manifest says {}: the store was changed on disk; {REPAIR_HINT}", dir.describe(), m.data_len));
     }
+    // the headers are checked before they are parsed: a changed byte there could change the model silently
+    let checks = read_checks(dir).await?;
     let mut headers = Vec::new();
     for (i, p) in m.parts.iter().enumerate() {
         let mut buf = vec![0u8; p.header_len as usize];
         data.read_at(m.header_offsets[i], &mut buf).await?;
-        let h = crate::gguf::parse_header(&buf, Some(p.size)).map_err(|e| format!("{}: stored header of part {}: {e}", dir.describe(), i + 1))?;
+        if let Some(c) = &checks {
+            c.verify_header(i, &buf).map_err(|e| format!("{} ({DATA_FILE}): {e}", dir.describe()))?;
+        }
+        let h = crate::gguf::parse_header(&buf, Some(p.size)).map_err(|e| format!("{}: stored header of part {}: {e}: {REPAIR_HINT}", dir.describe(), i + 1))?;
         headers.push((h, p.size));
     }
     let model = crate::gguf::SplitModel::new(headers).map_err(|e| format!("{}: {e}", dir.describe()))?;
@@ -141,11 +165,14 @@ where
     Ok((model, views))
 }
 
-/// Reads a store's check values; `None` for a store without them (made before they existed).
+/// Reads a store's check values; `None` for a store without them (made before they existed). A store whose
+/// manifest says it has them and whose check file is gone or unreadable is an error.
 pub async fn read_checks<D: StoreDir>(dir: &D) -> Result<Option<StoreChecks>, String> {
+    let expected = matches!(find_manifest(dir).await?, Some(Ok(m)) if m.checks);
     match dir.read_all(CHECKS_FILE).await? {
+        None if expected => Err(format!("{}: {CHECKS_FILE} is missing: the store's bytes cannot be checked; {UNCHECKABLE_HINT}", dir.describe())),
         None => Ok(None),
-        Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("{}: bad {CHECKS_FILE}: {e}", dir.describe())),
+        Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("{}: {CHECKS_FILE} is unreadable ({e}): the store's bytes cannot be checked; {UNCHECKABLE_HINT}", dir.describe())),
     }
 }
 

@@ -20,6 +20,7 @@ use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
+pub mod lock;
 pub mod store;
 
 #[wasm_bindgen(start)]
@@ -219,6 +220,8 @@ pub struct Engine {
     session: Rc<RefCell<Option<Session>>>,
     stats: Rc<RefCell<Stats>>,
     disposed: Rc<RefCell<bool>>,
+    /// The store's lock, shared, while the engine lives (loaded from a store): no ingest or delete meanwhile.
+    store_lock: RefCell<Option<lock::StoreLock>>,
 }
 
 #[derive(Deserialize)]
@@ -348,7 +351,8 @@ impl Engine {
             match get(&options, name).map(|v| v.as_f64()) {
                 None => Ok(None),
                 Some(Some(x)) if x.is_finite() && x >= 1.0 && x.fract() == 0.0 => Ok(Some(x as u64)),
-                Some(_) => Err(js_error(format!("options.{name} must be a positive integer"))),
+                Some(Some(x)) => Err(js_error(format!("options.{name} must be a positive integer, not {x}"))),
+                Some(None) => Err(js_error(format!("options.{name} must be a positive integer, not a {}", get(&options, name).and_then(|v| v.js_typeof().as_string()).unwrap_or_default()))),
             }
         };
         engine_options.n_ctx = positive("contextLength")?.map(|x| x as usize);
@@ -374,7 +378,15 @@ impl Engine {
             return Err(js_error("Engine.load was aborted"));
         }
         report("header", 0, 0);
-        // a complete store: headers and weights from OPFS, no network
+        // a complete store: headers and weights from OPFS, no network; held shared while the engine lives
+        let store_lock = match &store_name {
+            Some(name) => Some(
+                lock::lock_store(name, lock::LockMode::Shared, false, None, "load it after that ends")
+                    .await
+                    .map_err(|e| js_error(format!("Engine.load: {e}")))?,
+            ),
+            None => None,
+        };
         let (model, from_store) = match &store_name {
             Some(name) => {
                 let (model, views) = store::open_store(name).await?;
@@ -436,7 +448,12 @@ impl Engine {
         loading.set(false);
         let tokenizer = Tokenizer::from_header(model.header()).map_err(|e| js_error(e.to_string()))?;
         let stats = Stats { adapter, context_length: engine.n_ctx, ..Default::default() };
-        Ok(Engine { session: Rc::new(RefCell::new(Some(Session::new(engine, tokenizer)))), stats: Rc::new(RefCell::new(stats)), disposed: Rc::new(RefCell::new(false)) })
+        Ok(Engine {
+            session: Rc::new(RefCell::new(Some(Session::new(engine, tokenizer)))),
+            stats: Rc::new(RefCell::new(stats)),
+            disposed: Rc::new(RefCell::new(false)),
+            store_lock: RefCell::new(store_lock),
+        })
     }
 
     fn check_usable(&self) -> Result<(), JsError> {
@@ -473,6 +490,7 @@ impl Engine {
             inner: Rc::new(RefCell::new(IteratorState { session: Some(session), state: Some(state), signal, started: now_ms(), first_token_at: None, returned: false })),
             home: self.session.clone(),
             stats: self.stats.clone(),
+            disposed: self.disposed.clone(),
         };
         let value: JsValue = iterator.into();
         // make it async-iterable: obj[Symbol.asyncIterator] = function () { return this }
@@ -513,10 +531,23 @@ impl Engine {
         Ok(())
     }
 
-    /// Releases the GPU memory; the engine cannot be used afterwards.
+    /// Releases the GPU memory (and the store, for an engine loaded from one); the engine cannot be used
+    /// afterwards.
     pub fn dispose(&self) {
         *self.disposed.borrow_mut() = true;
         self.session.borrow_mut().take();
+        self.store_lock.borrow_mut().take();
+    }
+}
+
+impl Engine {
+    /// Destroys the engine's GPU device, as a driver reset or a crashed GPU process would (for the tests of what
+    /// follows: every later call says the device was lost, and a new `Engine.load` works). Not in the JS API.
+    #[doc(hidden)]
+    pub fn destroy_device_for_tests(&self) {
+        if let Some(session) = self.session.borrow().as_ref() {
+            session.engine.gpu.device.destroy();
+        }
     }
 }
 
@@ -536,6 +567,8 @@ pub struct GenerationStream {
     inner: Rc<RefCell<IteratorState>>,
     home: Rc<RefCell<Option<Session>>>,
     stats: Rc<RefCell<Stats>>,
+    /// The engine's: a generation does not go on after `dispose()` (the store it reads is let go of then).
+    disposed: Rc<RefCell<bool>>,
 }
 
 fn done_result(value: JsValue, done: bool) -> JsValue {
@@ -552,7 +585,15 @@ impl GenerationStream {
         let inner = self.inner.clone();
         let home = self.home.clone();
         let stats = self.stats.clone();
+        let disposed = self.disposed.clone();
         wasm_bindgen_futures::future_to_promise(async move {
+            if *disposed.borrow() {
+                // the engine's GPU memory goes with its session, here rather than when the iterator is collected
+                let mut s = inner.borrow_mut();
+                s.state = None;
+                s.session = None;
+                return Err(js_error("this engine was disposed; load a new one").into());
+            }
             let (mut session, mut state, signal) = {
                 let mut s = inner.borrow_mut();
                 let Some(state) = s.state.take() else { return Ok(done_result(JsValue::UNDEFINED, true)) };
@@ -581,7 +622,10 @@ impl GenerationStream {
                 }
                 st.tokens_per_second = (st.generated_tokens.saturating_sub(1)) as f64 / ((now - first) / 1000.0).max(1e-9);
             }
-            if finished {
+            if *disposed.borrow() {
+                // disposed while this step ran: nothing goes back to the engine, the session is freed
+                s.state = None;
+            } else if finished {
                 // the engine is free again
                 *home.borrow_mut() = Some(session);
             } else {
@@ -611,7 +655,9 @@ impl GenerationStream {
         s.state = None;
         s.returned = true;
         if let Some(session) = s.session.take() {
-            *self.home.borrow_mut() = Some(session);
+            if !*self.disposed.borrow() {
+                *self.home.borrow_mut() = Some(session);
+            }
         }
         js_sys::Promise::resolve(&done_result(JsValue::UNDEFINED, true))
     }

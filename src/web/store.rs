@@ -35,11 +35,19 @@ export interface IngestOptions {
   unitBytes?: number;
   /** Requests in flight (default 6). */
   inFlight?: number;
+  /** Milliseconds an answer, or the next chunk of its body, may take before that request is retried
+   *  (default 30000): a server that stalls is left, not waited on forever. */
+  stallTimeoutMs?: number;
+  /** When another tab or worker is ingesting into this store (or an engine loaded from it is alive), wait for
+   *  it to end instead of failing at once (the signal aborts the wait). Default false. */
+  wait?: boolean;
 }
 
 export interface IngestProgress {
-  /** "headers": reading the parts' headers; "verify": hashing bytes already stored (a resumed ingest);
-   *  "fetch": downloading (and hashing in file order); "done". */
+  /** "headers": reading the parts' headers; "verify": hashing bytes already stored (a resumed ingest), and
+   *  reading the whole store back against its check values before it is complete (or when ingesting into a
+   *  complete store, which fetches again only what is damaged); "fetch": downloading (and hashing in file order);
+   *  "done". */
   phase: "headers" | "verify" | "fetch" | "done";
   bytesDone: number;
   bytesTotal: number;
@@ -87,7 +95,8 @@ export function ingest(options: IngestOptions): Promise<StoreSummary>;
 export function listStores(): Promise<StoreSummary[]>;
 /** One store, or null when there is none by that name. */
 export function storeInfo(name: string): Promise<StoreSummary | null>;
-/** Deletes a store and its files; false when there was none. */
+/** Deletes a store and its files; false when there was none. Fails while an ingest into it or an engine loaded
+ *  from it (in any tab) is alive. */
 export function deleteStore(name: string): Promise<boolean>;
 "#;
 
@@ -217,6 +226,7 @@ pub async fn ingest_js(options: JsValue) -> Result<JsValue, JsError> {
         unit_bytes: count(&options, "unitBytes", defaults.unit_bytes, 256 << 20)?,
         in_flight: count(&options, "inFlight", defaults.in_flight as u64, 64)? as usize,
     };
+    let stall_ms = count(&options, "stallTimeoutMs", crate::source::DEFAULT_STALL_TIMEOUT_MS as u64, 3_600_000)? as u32;
     let sha256: Vec<String> = match get(&options, "sha256") {
         None => Vec::new(),
         Some(v) => serde_wasm_bindgen::from_value(v).map_err(|_| js_error("ingest: options.sha256 must be an array of hex strings, one per part"))?,
@@ -224,10 +234,38 @@ pub async fn ingest_js(options: JsValue) -> Result<JsValue, JsError> {
     if signal.as_ref().is_some_and(|s| s.aborted()) {
         return Err(js_error("ingest was aborted before it began"));
     }
-    let persisted = crate::store::persist().await.ok().flatten();
-    let dir = OpfsDir::open(&store, true).await.map_err(js_error)?.expect("created");
+    let wait = match get(&options, "wait") {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| js_error("ingest: options.wait must be true or false"))?,
+    };
+    // one ingest of a store at a time, and none while an engine reads it (any tab or worker of this origin)
+    let lock = super::lock::lock_store(&store, super::lock::LockMode::Exclusive, wait, signal.as_ref(), "ingest into it when that ends, or pass wait: true to wait for it")
+        .await
+        .map_err(|e| js_error(format!("ingest: {e}")))?;
+    let request = Request { store, signal, on_progress, ingest_options, stall_ms, sha256 };
+    let result = ingest_locked(&request, &options).await;
+    lock.release().await;
+    result
+}
 
-    let manifest = match (get(&options, "files"), get(&options, "model")) {
+/// An ingest's options, checked.
+struct Request {
+    store: String,
+    signal: Option<web_sys::AbortSignal>,
+    on_progress: Option<js_sys::Function>,
+    ingest_options: IngestOptions,
+    stall_ms: u32,
+    sha256: Vec<String>,
+}
+
+/// The ingest itself, with the store's lock held.
+async fn ingest_locked(request: &Request, options: &JsValue) -> Result<JsValue, JsError> {
+    let Request { store, signal, on_progress, ingest_options, stall_ms, sha256 } = request;
+    let (store, stall_ms) = (store.as_str(), *stall_ms);
+    let persisted = crate::store::persist().await.ok().flatten();
+    let dir = OpfsDir::open(store, true).await.map_err(js_error)?.expect("created");
+
+    let manifest = match (get(options, "files"), get(options, "model")) {
         (Some(_), Some(_)) => return Err(js_error("ingest: give options.model (URLs) or options.files (picked files), not both")),
         (None, None) => return Err(js_error("ingest: options.model (the URL of the first GGUF part) or options.files (the GGUF parts, picked by the user) is required")),
         (Some(files), None) => {
@@ -243,7 +281,7 @@ pub async fn ingest_js(options: JsValue) -> Result<JsValue, JsError> {
                 parts.sort_by_key(|p| part_number(p.name()));
             }
             let hints = hints_from(&sha256, parts.len(), |i| PartHint { size: Some(parts[i].size()), ..Default::default() })?;
-            run(&dir, parts, &hints, &ingest_options, &signal, on_progress).await
+            run(&dir, parts, &hints, ingest_options, signal, on_progress.clone()).await
         }
         (None, Some(model)) => {
             let urls: Vec<String> = if let Some(s) = model.as_string() {
@@ -254,18 +292,18 @@ pub async fn ingest_js(options: JsValue) -> Result<JsValue, JsError> {
             if urls.is_empty() {
                 return Err(js_error("ingest: options.model lists no URL"));
             }
-            let parts: Vec<HttpSource> = urls.iter().map(|u| HttpSource::new(u.clone()).with_signal(signal.clone())).collect();
+            let parts: Vec<HttpSource> = urls.iter().map(|u| HttpSource::new(u.clone()).with_signal(signal.clone()).with_stall_timeout_ms(stall_ms)).collect();
             // the first answer pins each part's size and ETag; a sha256 ETag (Hugging Face's LFS files) is checked
             let mut ids = Vec::new();
             for p in &parts {
                 ids.push(p.probe().await.map_err(js_error)?);
             }
             let hints = hints_from(&sha256, parts.len(), |i| PartHint { etag: ids[i].etag.clone(), size: Some(ids[i].size), sha256: ids[i].sha256.clone() })?;
-            run(&dir, parts, &hints, &ingest_options, &signal, on_progress).await
+            run(&dir, parts, &hints, ingest_options, signal, on_progress.clone()).await
         }
     }
     .map_err(js_error)?;
-    let mut s = summary(&store, Some(&manifest), None);
+    let mut s = summary(store, Some(&manifest), None);
     s.persisted = Some(persisted);
     to_js(&s)
 }
@@ -311,7 +349,10 @@ pub async fn store_info(name: String) -> Result<JsValue, JsError> {
 /// Deletes a store; false when there was none.
 #[wasm_bindgen(js_name = deleteStore, skip_typescript)]
 pub async fn delete_store(name: String) -> Result<bool, JsError> {
-    OpfsDir::delete(&name).await.map_err(js_error)
+    let lock = super::lock::lock_store(&name, super::lock::LockMode::Exclusive, false, None, "delete it when that ends").await.map_err(|e| js_error(format!("deleteStore: {e}")))?;
+    let deleted = OpfsDir::delete(&name).await.map_err(js_error);
+    lock.release().await;
+    deleted
 }
 
 /// A complete store's model and one source per part reading from it (for `Engine.load({ store })`).

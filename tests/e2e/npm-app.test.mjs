@@ -51,7 +51,7 @@ test("a web app streams a reply through the npm package", { timeout: 900_000 }, 
     assert.ok(r.worker.tokens.length >= 1 && r.workerStats.generatedTokens >= 1);
     // a store made by WorkerEngine.ingest gives the same greedy tokens, is listed, and is deleted
     assert.equal(r.ingest.state, "complete", JSON.stringify(r.ingest));
-    assert.deepEqual(r.ingestPhases, ["headers", "fetch", "done"]);
+    assert.deepEqual(r.ingestPhases, ["headers", "fetch", "verify", "done"]);
     assert.equal(r.ingest.parts.length, 2);
     assert.deepEqual(r.storeGreedy.tokens, r.greedy.tokens.slice(0, r.storeGreedy.tokens.length));
     assert.ok(r.storeGreedy.tokens.length >= 1);
@@ -63,6 +63,16 @@ test("a web app streams a reply through the npm package", { timeout: 900_000 }, 
       assert.ok(k.resumes[i].first >= k.resumes[i - 1].last && k.resumes[i].first > 0, `resume ${i}: ${JSON.stringify(k.resumes)}`);
     }
     assert.deepEqual(k.same, { "data.bin": true, "manifest.json": true, manifestSha: true }, JSON.stringify(k));
+    // two workers (as two tabs) on one store: one ingest at a time, none under an engine, no delete under one
+    const t = r.twoTabs;
+    assert.match(t.secondIngest, /refused: .*being downloaded or deleted in this or another tab/, JSON.stringify(t));
+    assert.match(t.loadDuringIngest, /refused: .*being downloaded or deleted in this or another tab/, JSON.stringify(t));
+    assert.equal(t.firstStillRunning, true, "the first ingest ended before the others were refused");
+    assert.equal(t.first, "complete", JSON.stringify(t));
+    assert.match(t.ingestUnderEngine, /refused: .*in use by an engine loaded from it/, JSON.stringify(t));
+    assert.match(t.deleteUnderEngine, /refused: .*in use by an engine loaded from it/, JSON.stringify(t));
+    assert.equal(t.engineAfter, true);
+    assert.equal(t.deleteAfter, true);
     assert.equal(r.listed?.state, "complete");
     assert.equal(r.deleted, true);
     assert.equal(r.afterDelete, null);

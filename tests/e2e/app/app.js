@@ -29,6 +29,31 @@ async function storeFileSha(store, file) {
 
 /** Ingests into a new store with the worker terminated mid-fetch three times, then resumed to the end; returns
  *  what each resume started from and whether the files equal those of `reference` (an uninterrupted ingest). */
+/** Two workers on one store, as two tabs are: a second ingest and a load while one ingests, then an ingest and a
+ *  delete while an engine from the store lives; what each gave (a message when refused). */
+async function twoTabs(model, store) {
+  const outcome = (p) => p.then((v) => v?.state ?? v ?? "ok", (e) => `refused: ${e.message}`);
+  let began;
+  const running = new Promise((r) => (began = r));
+  // small requests, one at a time: the first ingest runs for seconds
+  const first = WorkerEngine.ingest({ model, store, unitBytes: 128 << 10, inFlight: 1, onProgress: (p) => p.phase === "fetch" && began() });
+  await running;
+  const r = {};
+  [r.secondIngest, r.loadDuringIngest] = await Promise.all([
+    outcome(WorkerEngine.ingest({ model, store })),
+    outcome(WorkerEngine.load({ store }).then((e) => e.dispose())),
+  ]);
+  r.firstStillRunning = await Promise.race([first.then(() => false, () => false), Promise.resolve(true)]);
+  r.first = await outcome(first);
+  const engine = await WorkerEngine.load({ store });
+  r.ingestUnderEngine = await outcome(WorkerEngine.ingest({ model, store }));
+  r.deleteUnderEngine = await outcome(WorkerEngine.deleteStore(store));
+  r.engineAfter = (await engine.stats()).contextLength > 0;
+  await engine.dispose();
+  r.deleteAfter = await outcome(WorkerEngine.deleteStore(store));
+  return r;
+}
+
 async function killedIngests(model, reference) {
   const store = `${reference}-killed`;
   const options = { model, store, unitBytes: 1 << 20 };
@@ -109,6 +134,7 @@ try {
   results.storeGreedy = await collect(fromStore, messages, { maxTokens: 2, temperature: 0, thinking: false });
   await fromStore.dispose();
   results.killed = await killedIngests(model, store);
+  results.twoTabs = await twoTabs(model, `${store}-two`);
   results.listed = (await WorkerEngine.listStores()).find((s) => s.name === store) ?? null;
   results.deleted = await WorkerEngine.deleteStore(store);
   results.afterDelete = await WorkerEngine.storeInfo(store);
