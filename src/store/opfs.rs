@@ -77,7 +77,7 @@ async fn call(promise: js_sys::Promise, what: &str) -> Result<JsValue, String> {
 }
 
 /// The checked store name: a single OPFS entry name.
-fn check_name(store: &str) -> Result<(), String> {
+pub(super) fn check_name(store: &str) -> Result<(), String> {
     if store.is_empty() || store.len() > 200 || store == "." || store == ".." || store.contains(['/', '\\', '\0']) {
         return Err(format!("{store:?} is not a usable store name (1 to 200 characters, no slashes, not . or ..)"));
     }
