@@ -147,6 +147,16 @@ impl Reader {
         }
     }
 
+    /// Hands `buffer` back to the reader for its next reads (nothing to do if it has stopped).
+    fn recycle(&self, buffer: &JsValue) {
+        if self.state.stopped.borrow().is_some() {
+            return;
+        }
+        let message = js_sys::Object::new();
+        let _ = js_sys::Reflect::set(&message, &"recycle".into(), buffer);
+        let _ = self.worker.post_message_with_transfer(&message, &js_sys::Array::of1(buffer));
+    }
+
     fn end(&self, why: &str) {
         self.worker.terminate();
         self.state.stop(why.to_string());
@@ -341,21 +351,22 @@ impl OpfsReaders {
         let readers = self.0.readers.borrow().clone();
         let n = readers.len();
         let pieces = (len.div_ceil(MIN_CHUNK)).clamp(1, n as u64);
-        let chunk = len.div_ceil(pieces).next_multiple_of(4096);
+        let chunk = len.div_ceil(pieces).next_multiple_of(4096) as usize;
         let mut asks = Vec::new();
-        let mut at = 0u64;
-        while at < len {
-            let bytes = chunk.min(len - at);
+        // each chunk's bytes are copied into its own part of `buf` as they arrive, while other readers still read
+        for (k, part) in buf.chunks_mut(chunk).enumerate() {
+            let bytes = part.len() as u64;
             // the least loaded reader; ties go round the pool, so reads one at a time do not all land on one
             let turn = self.0.turn.get();
             self.0.turn.set(turn.wrapping_add(1));
             let (i, reader) = readers.iter().enumerate().min_by_key(|(i, r)| (r.state.queued.get(), (i + n - turn % n) % n)).expect("at least one reader");
             let message = js_sys::Object::new();
-            let _ = js_sys::Reflect::set(&message, &"at".into(), &((offset + at) as f64).into());
+            let _ = js_sys::Reflect::set(&message, &"at".into(), &((offset + (k * chunk) as u64) as f64).into());
             let _ = js_sys::Reflect::set(&message, &"len".into(), &(bytes as f64).into());
-            let state = reader.state.clone();
+            let reader = reader.clone();
             let reply = reader.ask(self.id(), &message, bytes);
             asks.push(async move {
+                let state = &reader.state;
                 let data = reply.await.map_err(|e| {
                     if state.stopped.borrow().is_some() {
                         format!("reader {} of {n} stopped before answering ({e}); it is started again at the next read", i + 1)
@@ -363,22 +374,18 @@ impl OpfsReaders {
                         e
                     }
                 })?;
-                let buffer = field(&data, "buffer").ok_or_else(|| "a reader answered without bytes".to_string())?;
-                let got = js_sys::Uint8Array::new(&buffer);
-                if got.length() as u64 != bytes {
-                    return Err(format!("a reader answered {} bytes for {bytes}", got.length()));
+                let buffer: js_sys::ArrayBuffer = field(&data, "buffer").and_then(|b| b.dyn_into().ok()).ok_or_else(|| "a reader answered without bytes".to_string())?;
+                if (buffer.byte_length() as u64) < bytes {
+                    return Err(format!("a reader answered {} bytes for {bytes}", buffer.byte_length()));
                 }
+                js_sys::Uint8Array::new_with_byte_offset_and_length(&buffer, 0, bytes as u32).copy_to(part);
+                reader.recycle(&buffer);
                 state.reads.set(state.reads.get() + 1);
                 state.bytes.set(state.bytes.get() + bytes);
-                Ok::<_, String>((at, got))
+                Ok::<_, String>(())
             });
-            at += bytes;
         }
-        let chunks = futures_util::future::try_join_all(asks).await.map_err(|e| what(&e))?;
-        for (at, bytes) in chunks {
-            let at = at as usize;
-            bytes.copy_to(&mut buf[at..at + bytes.length() as usize]);
-        }
+        futures_util::future::try_join_all(asks).await.map_err(|e| what(&e))?;
         Ok(())
     }
 }

@@ -380,7 +380,8 @@ pub async fn open_store(name: &str, readers: usize) -> Result<(crate::gguf::Spli
             Err(ReadersError::Failed(e)) => return Err(js_error(format!("Engine.load: {e}"))),
         }
     }
-    let (model, views) = open_complete(&dir).await.map_err(|e| js_error(format!("Engine.load: {e}")))?;
+    // read-only, so other engines' readers can share the file (where the browser knows the mode)
+    let (model, views) = open_complete(&dir.read_only()).await.map_err(|e| js_error(format!("Engine.load: {e}")))?;
     Ok((model, views.into_iter().map(|v| v.map_file(StoreData::Handle)).collect()))
 }
 
