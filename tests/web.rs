@@ -824,11 +824,15 @@ mod store {
         assert!(busy.contains("in use"), "{busy}");
         drop((writer, pool));
 
+        // an engine reading in its own thread (readers: 0) opens the file read-only too: another engine's readers
+        // share it (two tabs on one store)
+        let own = lingtab::web::Engine::load(load(0)).await.unwrap();
         let engine = lingtab::web::Engine::load(load(4)).await.unwrap();
         let stats = engine.stats().unwrap();
         assert!(get(&get(&stats, "experts"), "poolSlots").as_f64().unwrap() >= 4.0);
         let busy = message(delete_store(name.clone()).await.unwrap_err().into());
         assert!(busy.contains("in use"), "an engine's readers hold the store: {busy}");
+        own.dispose();
         engine.dispose();
         let bad = message(lingtab::web::Engine::load(load(99)).await.err().unwrap().into());
         assert!(bad.contains("options.readers must be a whole number from 0 to 32"), "{bad}");
