@@ -208,7 +208,7 @@ mod store {
     use lingtab::gpu::Gpu;
     use lingtab::ingest::{ingest, IngestOptions, PartHint};
     use lingtab::source::{BlobSource, HttpSource, RangeSource, RemoteIdentity, Tracked};
-    use lingtab::store::{check_quota, check_value, estimate, open_complete, read_checks, read_manifest, space_verdict, Access, OpfsDir, StoreDir, StoreFile, StoreLayout, StoreState};
+    use lingtab::store::{check_quota, check_value, estimate, open_complete, read_checks, read_manifest, space_verdict, Access, OpfsDir, OpfsReaders, ReadersError, StoreDir, StoreFile, StoreLayout, StorePartView, StoreState};
     use sha2::{Digest, Sha256};
     use std::cell::{Cell, RefCell};
     use std::rc::Rc;
@@ -1062,6 +1062,214 @@ mod store {
         let engine = load().await.expect("the mended store loads");
         engine.dispose();
         assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// A fresh store with the fixture ingested over HTTP, and the fixture's bytes.
+    async fn ingested(tag: &str) -> (String, Vec<Vec<u8>>) {
+        let name = fresh_store(tag).await;
+        let files = fixture_files().await;
+        let dir = OpfsDir::open(&name, true).await.unwrap().unwrap();
+        let (parts, hints) = http_parts().await;
+        ingest(&dir, &parts, &hints, &IngestOptions { unit_bytes: 4 << 20, in_flight: 4 }, &mut |_| {}).await.unwrap();
+        (name, files)
+    }
+
+    /// The store's parts read through `pool`, and its check values (the manifest and headers read without a
+    /// handle, as `Engine.load({ store })` does).
+    async fn parts_through(name: &str, pool: &OpfsReaders) -> (SplitModel, Vec<StorePartView<OpfsReaders>>, Option<lingtab::store::StoreChecks>) {
+        let dir = OpfsDir::open(name, false).await.unwrap().unwrap().with_access(Access::Async);
+        let (model, views) = open_complete(&dir).await.unwrap();
+        let checks = read_checks(&dir).await.unwrap();
+        (model, views.into_iter().map(|v| v.map_file(|_| pool.clone())).collect(), checks)
+    }
+
+    /// A part that, once armed, starts its next read, ends every reader of `pool` while that read is in
+    /// flight (what a crashed reader worker looks like to the engine), then waits for the read.
+    struct EndsReadersMidRead<S> {
+        inner: S,
+        pool: OpfsReaders,
+        armed: Rc<Cell<bool>>,
+    }
+
+    impl<S: RangeSource> RangeSource for EndsReadersMidRead<S> {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+            let mut read = Box::pin(self.inner.read_range(start, len));
+            if self.armed.replace(false) {
+                // the first poll sends the read's chunks to the readers
+                let first = futures_util::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(read.as_mut(), cx))).await;
+                assert!(first.is_pending(), "the read finished without waiting for a reader");
+                for i in 0..self.pool.len() {
+                    self.pool.end_reader(i);
+                }
+            }
+            read.await
+        }
+    }
+
+    const TOKENS: [u32; 5] = [2949, 3536, 786, 0, 571];
+
+    /// Experts streamed from an OPFS store through 1 and 4 reader workers (each its own read-only handle) into a
+    /// pool of k+3 slots give the resident engine's logits bit for bit; a reader ended mid-read fails the step
+    /// with a clear error, and the same engine then goes on (the reader started again) to the same logits.
+    #[wasm_bindgen_test]
+    async fn experts_read_by_opfs_reader_workers_give_the_resident_logits() {
+        use lingtab::engine::{Engine, EngineOptions, Policy, Upload};
+        let (name, _files) = ingested("readers").await;
+        let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        let (model, views) = open_complete(&dir).await.unwrap();
+        let mut resident = Engine::load(Gpu::new().await.expect("WebGPU adapter"), &model, &views, &EngineOptions::default()).await.unwrap();
+        drop((views, dir));
+        let mut want = Vec::new();
+        for t in TOKENS {
+            want.push(resident.step(t).await.unwrap());
+        }
+        let (slot, k) = (resident.stats().slot_bytes, resident.config.n_expert_used as u32);
+        let options = EngineOptions { pool_slots: Some(k + 3), policy: Some(Policy::Lru), ..Default::default() };
+        for n in [1, 4] {
+            let pool = OpfsReaders::open(&name, "data.bin", n).await.unwrap();
+            assert_eq!(pool.len(), n);
+            let (model, parts, checks) = parts_through(&name, &pool).await;
+            assert!(checks.is_some());
+            let mut engine = Engine::open_checked(Gpu::new().await.expect("WebGPU adapter"), &model, parts, checks, &options).await.unwrap();
+            assert!(engine.is_streaming());
+            for (t, want) in TOKENS.iter().zip(&want) {
+                assert!(engine.step(*t).await.unwrap() == *want, "{n} readers, token {t}: logits differ from the resident engine's");
+            }
+            let s = engine.stats();
+            let counts = pool.counts();
+            log(&format!("{n} OPFS readers: {} misses, {:.1} MB of records; reads per reader {:?}", s.misses, s.bytes_read as f64 / 1e6, counts.iter().map(|c| c.reads).collect::<Vec<_>>()));
+            assert!(s.misses > 0 && s.bytes_read > 0 && s.bytes_read <= s.misses * slot);
+            // every byte the engine took (dense weights and records) came through the readers
+            assert!(counts.iter().map(|c| c.bytes).sum::<u64>() >= s.bytes_read);
+            assert!(counts.iter().filter(|c| c.reads > 0).count() == n, "every reader served reads: {counts:?}");
+        }
+
+        // a reader that stops mid-read
+        let pool = OpfsReaders::open(&name, "data.bin", 4).await.unwrap();
+        let (model, parts, checks) = parts_through(&name, &pool).await;
+        let armed = Rc::new(Cell::new(false));
+        let parts: Vec<_> = parts.into_iter().map(|inner| EndsReadersMidRead { inner, pool: pool.clone(), armed: armed.clone() }).collect();
+        let mut engine = Engine::open_checked(Gpu::new().await.expect("WebGPU adapter"), &model, parts, checks, &options).await.unwrap();
+        assert!(engine.step(TOKENS[0]).await.unwrap() == want[0]);
+        // an empty cache: the next step misses
+        engine.set_pool(k + 3, Policy::Lru, Upload::WriteBuffer).unwrap();
+        armed.set(true);
+        let err = engine.step(TOKENS[0]).await.expect_err("a step whose reader stopped mid-read");
+        log(&format!("a reader ended mid-read: {err}"));
+        assert!(err.contains("reading experts of layer") && err.contains("stopped before answering") && err.contains("data.bin"), "{err}");
+        assert_eq!(engine.position(), 0, "a failed step forgets the half-updated sequence");
+        for (t, want) in TOKENS.iter().zip(&want) {
+            assert!(engine.step(*t).await.unwrap() == *want, "after the failure, token {t}: logits differ from the resident engine's");
+        }
+        assert_eq!(pool.restarts(), 4, "the ended readers were started again");
+        drop((engine, pool));
+        // the readers let go of the file when the engine does: a writer can open it again
+        let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        dir.open("data.bin", false).await.expect("the readers' handles are closed").unwrap();
+        drop(dir);
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// The check values through the readers: a byte changed in an expert the router picks fails the step that
+    /// reads it, naming the layer and expert.
+    #[wasm_bindgen_test]
+    async fn a_changed_expert_read_by_opfs_readers_fails_its_step() {
+        use lingtab::engine::{Engine, EngineOptions};
+        let (name, files) = ingested("readers-checks").await;
+        let dir = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        let (model, views) = open_complete(&dir).await.unwrap();
+        let mut resident = Engine::load(Gpu::new().await.expect("WebGPU adapter"), &model, &views, &EngineOptions::default()).await.unwrap();
+        drop(views);
+        resident.step(TOKENS[0]).await.unwrap();
+        let (layer, selection) = resident.last_routing().await.unwrap().into_iter().next().expect("a MoE layer");
+        let expert = selection.ids[0];
+        drop(resident);
+        let layout = StoreLayout::from_model(&SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap()).unwrap();
+        let records = layout.experts.iter().find(|r| r.layer == layer).unwrap();
+        let data = dir.open("data.bin", false).await.unwrap().unwrap();
+        let at = records.offset + expert as u64 * records.stride + records.down + 3;
+        let mut b = [0u8; 1];
+        data.read_at(at, &mut b).await.unwrap();
+        data.write_at(at, &[b[0] ^ 0x10]).await.unwrap();
+        data.flush().await.unwrap();
+        drop((data, dir));
+        let pool = OpfsReaders::open(&name, "data.bin", 4).await.unwrap();
+        let (model, parts, checks) = parts_through(&name, &pool).await;
+        let options = EngineOptions { pool_slots: Some(8), ..Default::default() };
+        let mut engine = Engine::open_checked(Gpu::new().await.expect("WebGPU adapter"), &model, parts, checks, &options).await.unwrap();
+        let err = engine.step(TOKENS[0]).await.expect_err("the changed expert is read at the first step");
+        log(&format!("a changed expert through the readers: {err}"));
+        assert!(err.contains(&format!("reading experts of layer {layer}")) && err.contains(&format!("layer {layer} expert {expert}: its down rows")) && err.contains("changed on disk"), "{err}");
+        drop((engine, pool));
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
+    /// Readers and writers of a store keep out of each other: readers cannot open a file a writer holds (a
+    /// clear error, from the pool and from `Engine.load`), and while readers hold it no writer gets it and the
+    /// store is not deleted. `Engine.load({ store, readers })` loads through them.
+    #[wasm_bindgen_test]
+    async fn opfs_readers_and_a_writer_keep_out_of_each_other() {
+        use lingtab::web::store::delete_store;
+        let (name, files) = ingested("readers-lock").await;
+        let load = |readers: u32| {
+            let o = js_sys::Object::new();
+            js_sys::Reflect::set(&o, &"store".into(), &name.clone().into()).unwrap();
+            js_sys::Reflect::set(&o, &"poolBytes".into(), &(8.0 * 300_000.0).into()).unwrap();
+            js_sys::Reflect::set(&o, &"readers".into(), &readers.into()).unwrap();
+            JsValue::from(o)
+        };
+        // a writer (what an ingest into the store holds)
+        let writer = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        let held = writer.open("data.bin", false).await.unwrap().unwrap();
+        let err = OpfsReaders::open(&name, "data.bin", 2).await.err().expect("readers of a file a writer holds");
+        log(&format!("readers while a writer holds the file: {err:?}"));
+        assert!(matches!(&err, ReadersError::Failed(m) if m.contains("being written elsewhere") && m.contains(&name)), "{err:?}");
+        let err = message(lingtab::web::Engine::load(load(2)).await.err().expect("Engine.load while a writer holds the store").into());
+        assert!(err.contains("Engine.load") && err.contains("being written elsewhere"), "{err}");
+        drop((held, writer));
+
+        let pool = OpfsReaders::open(&name, "data.bin", 3).await.unwrap();
+        let total: u64 = expected_data(&files).len() as u64;
+        assert_eq!(pool.file_size(), total);
+        // a read across chunks and readers lands in order
+        let mut got = vec![0u8; 3 << 20];
+        pool.read_into(1000, &mut got).await.unwrap();
+        assert!(got[..] == expected_data(&files)[1000..1000 + (3 << 20)], "bytes read by several readers differ from the store's");
+        assert!(pool.counts().iter().all(|c| c.reads == 1), "{:?}", pool.counts());
+        let err = pool.read_into(total - 10, &mut [0u8; 100]).await.unwrap_err();
+        assert!(err.contains(&format!("the file is {total} bytes")), "{err}");
+        let writer = OpfsDir::open(&name, false).await.unwrap().unwrap();
+        let err = writer.open("data.bin", false).await.err().expect("a writer while readers hold the file");
+        assert!(err.contains("open elsewhere"), "{err}");
+        let busy = message(delete_store(name.clone()).await.unwrap_err().into());
+        assert!(busy.contains("in use"), "{busy}");
+        drop((writer, pool));
+
+        // an engine reading in its own thread (readers: 0) opens the file read-only too: another engine's readers
+        // share it (two tabs on one store)
+        let own = lingtab::web::Engine::load(load(0)).await.unwrap();
+        let engine = lingtab::web::Engine::load(load(4)).await.unwrap();
+        let stats = engine.stats().unwrap();
+        assert!(get(&get(&stats, "experts"), "poolSlots").as_f64().unwrap() >= 4.0);
+        let busy = message(delete_store(name.clone()).await.unwrap_err().into());
+        assert!(busy.contains("in use"), "an engine's readers hold the store: {busy}");
+        own.dispose();
+        engine.dispose();
+        let bad = message(lingtab::web::Engine::load(load(99)).await.err().unwrap().into());
+        assert!(bad.contains("options.readers must be a whole number from 0 to 32"), "{bad}");
+        // the disposed engine's readers let go (a terminated worker's handle a moment later)
+        let mut deleted = false;
+        for _ in 0..20 {
+            if let Ok(d) = delete_store(name.clone()).await {
+                deleted = d;
+                break;
+            }
+            sleep_ms(50).await;
+        }
+        assert!(deleted, "the store could not be deleted after the engine was disposed");
     }
 
     /// The browser HTTP source refuses an answer whose size or validator differs from the pinned identity.

@@ -114,9 +114,11 @@ impl<S: RangeSource> PartsReader<S> {
             return Err(format!("expert {expert} of layer {layer} does not exist ({} experts)", self.tensors.n_expert));
         }
         let total: u64 = ranges.iter().map(|r| r.2).sum();
+        // the three matrices are read at once (a source that reads in parallel overlaps them)
+        let reads = ranges.map(|(part, base, per)| self.parts[part].read_range(base + expert as u64 * per, per));
+        let matrices = futures_util::future::try_join_all(reads).await?;
         let mut record = Vec::with_capacity(total as usize);
-        for (which, (part, base, per)) in ranges.into_iter().enumerate() {
-            let (bytes, _) = self.parts[part].read_range(base + expert as u64 * per, per).await?;
+        for (which, ((part, _, per), (bytes, _))) in ranges.into_iter().zip(matrices).enumerate() {
             if bytes.len() as u64 != per {
                 return Err(format!("{}: expert {expert} of layer {layer}: read {} of {per} bytes (truncated file?)", self.parts[part].describe(), bytes.len()));
             }

@@ -182,6 +182,15 @@ impl<F> StorePartView<F> {
     pub fn new(layout: Rc<StoreLayout>, part: usize, file: F, store: String) -> Self {
         StorePartView { layout, part, file, name: format!("{store} (part {})", part + 1) }
     }
+
+    /// The same part read through another way to the same data file (e.g. a pool of readers).
+    pub fn map_file<G>(self, f: impl FnOnce(F) -> G) -> StorePartView<G> {
+        StorePartView { layout: self.layout, part: self.part, file: f(self.file), name: self.name }
+    }
+
+    pub fn layout(&self) -> &StoreLayout {
+        &self.layout
+    }
 }
 
 impl<F: StoreFile> RangeSource for StorePartView<F> {

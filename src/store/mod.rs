@@ -12,6 +12,8 @@ mod layout;
 mod manifest;
 #[cfg(target_arch = "wasm32")]
 mod opfs;
+#[cfg(target_arch = "wasm32")]
+mod opfs_readers;
 
 pub use checks::{check_value, Checker, StoreChecks, CHECKS_FILE};
 pub use files::IngestFiles;
@@ -21,6 +23,8 @@ pub use layout::{Piece, StoreLayout, StorePartView};
 pub use manifest::{Manifest, ManifestError, PartIdentity, StoreState, FORMAT_VERSION};
 #[cfg(target_arch = "wasm32")]
 pub use opfs::{check_quota, estimate, estimate_may_be_capped, persist, space_verdict, Access, OpfsDir, OpfsFile, STORES_FOLDER};
+#[cfg(target_arch = "wasm32")]
+pub use opfs_readers::{OpfsReaders, ReaderCounts, ReadersError};
 
 /// Name of the data file inside a store: headers, dense tensors, expert records (`data_len` bytes, always).
 pub const DATA_FILE: &str = "data.bin";

@@ -77,7 +77,7 @@ async fn call(promise: js_sys::Promise, what: &str) -> Result<JsValue, String> {
 }
 
 /// The checked store name: a single OPFS entry name.
-fn check_name(store: &str) -> Result<(), String> {
+pub(super) fn check_name(store: &str) -> Result<(), String> {
     if store.is_empty() || store.len() > 200 || store == "." || store == ".." || store.contains(['/', '\\', '\0']) {
         return Err(format!("{store:?} is not a usable store name (1 to 200 characters, no slashes, not . or ..)"));
     }
@@ -327,6 +327,14 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// `handle.createSyncAccessHandle({ mode: "read-only" })` (web-sys has no binding for the options yet).
+fn sync_handle_read_only(handle: &web_sys::FileSystemFileHandle) -> Result<js_sys::Promise, JsValue> {
+    let create: js_sys::Function = js_sys::Reflect::get(handle, &"createSyncAccessHandle".into())?.dyn_into()?;
+    let options = js_sys::Object::new();
+    js_sys::Reflect::set(&options, &"mode".into(), &"read-only".into())?;
+    create.call1(handle, &options)?.dyn_into()
+}
+
 /// One store's folder in OPFS.
 pub struct OpfsDir {
     name: String,
@@ -335,6 +343,8 @@ pub struct OpfsDir {
     files: RefCell<HashMap<String, OpfsFile>>,
     /// At most this many more bytes may be used, whatever the browser's quota (see [`OpfsDir::limit_space`]).
     space_limit: Option<u64>,
+    /// Sync handles are opened read-only (see [`OpfsDir::read_only`]).
+    read_only: bool,
 }
 
 impl OpfsDir {
@@ -345,7 +355,7 @@ impl OpfsDir {
         let options = web_sys::FileSystemGetDirectoryOptions::new();
         options.set_create(create);
         match JsFuture::from(stores.get_directory_handle_with_options(name, &options)).await {
-            Ok(h) => Ok(Some(OpfsDir { name: name.to_string(), dir: h.unchecked_into(), access: Access::best_here(), files: RefCell::default(), space_limit: None })),
+            Ok(h) => Ok(Some(OpfsDir { name: name.to_string(), dir: h.unchecked_into(), access: Access::best_here(), files: RefCell::default(), space_limit: None, read_only: false })),
             Err(e) if js::error_name(&e).as_deref() == Some("NotFoundError") => Ok(None),
             Err(e) => Err(opfs_err(&format!("store {name:?}"))(e)),
         }
@@ -354,6 +364,13 @@ impl OpfsDir {
     /// Uses the given way to the files instead of the best one here.
     pub fn with_access(mut self, access: Access) -> OpfsDir {
         self.access = access;
+        self
+    }
+
+    /// Opens sync access handles read-only (`mode: "read-only"`): any number of them share a file (an engine's
+    /// reader workers, another tab's engine), and no writer gets it meanwhile. Writes through them fail.
+    pub fn read_only(mut self) -> OpfsDir {
+        self.read_only = true;
         self
     }
 
@@ -449,7 +466,8 @@ impl StoreDir for OpfsDir {
                 // a worker that was just terminated (a closed tab) releases its locks a moment later: wait a little
                 let mut attempt = 0;
                 let h = loop {
-                    match JsFuture::from(handle.create_sync_access_handle()).await {
+                    let created = if self.read_only { sync_handle_read_only(&handle) } else { Ok(handle.create_sync_access_handle()) };
+                    match JsFuture::from(created.map_err(opfs_err(&label))?).await {
                         Ok(h) => break h,
                         Err(e) if js::error_name(&e).as_deref() == Some("NoModificationAllowedError") => {
                             if attempt == 10 {

@@ -47,6 +47,10 @@ export interface LoadOptions {
   gpuBudgetBytes?: number;
   /** Eviction policy of a streaming pool: "hot" (decaying frequency, the default), "hot:0.9", or "lru". */
   policy?: string;
+  /** With `store`: how many reader workers read it at once, each with its own read-only OPFS handle (default 4;
+   * 0 reads in the engine's own thread). Where reader workers are not available (no read-only sync access
+   * handles, a page policy against blob: workers) one reader is used, with a note in the console. */
+  readers?: number;
   /** Called as the weights arrive. */
   onProgress?: (progress: LoadProgress) => void;
   /** Aborts the load. */
@@ -155,6 +159,11 @@ export interface ExpertCacheStats {
   submits: number;
 }
 "#;
+
+/// Reader workers of a store by default: several reads at once (an SSD serves them in parallel), few enough
+/// that their threads stay cheap.
+const DEFAULT_READERS: usize = 4;
+const MAX_READERS: usize = 32;
 
 fn js_error(msg: impl AsRef<str>) -> JsError {
     JsError::new(msg.as_ref())
@@ -364,6 +373,11 @@ impl Engine {
             engine_options.policy = Some(crate::engine::Policy::parse(&p).map_err(js_error)?);
         }
         let streams = engine_options.pool_bytes.is_some() || engine_options.gpu_budget_bytes.is_some();
+        let readers = match get(&options, "readers").map(|v| v.as_f64()) {
+            None => DEFAULT_READERS,
+            Some(Some(x)) if x.is_finite() && (0.0..=MAX_READERS as f64).contains(&x) && x.fract() == 0.0 => x as usize,
+            Some(_) => return Err(js_error(format!("options.readers must be a whole number from 0 to {MAX_READERS}"))),
+        };
 
         let report = |phase: &str, loaded: u64, total: u64| {
             if let Some(f) = &on_progress {
@@ -389,7 +403,7 @@ impl Engine {
         };
         let (model, from_store) = match &store_name {
             Some(name) => {
-                let (model, views) = store::open_store(name).await?;
+                let (model, views) = store::open_store(name, readers).await?;
                 (model, Some(views))
             }
             None => {

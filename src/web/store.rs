@@ -9,7 +9,7 @@
 use super::{get, js_error, to_js};
 use crate::ingest::{IngestOptions, PartHint, Progress};
 use crate::source::{BlobSource, HttpSource, RangeSource, Tracked};
-use crate::store::{open_complete, read_checks, read_manifest, Access, Manifest, OpfsDir, OpfsFile, StoreChecks, StoreDir, StorePartView, StoreState, JOURNAL_FILE};
+use crate::store::{open_complete, read_checks, read_manifest, Access, Manifest, OpfsDir, OpfsFile, OpfsReaders, ReadersError, StoreChecks, StoreDir, StoreFile, StorePartView, StoreState, DATA_FILE, JOURNAL_FILE};
 use serde::Serialize;
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
@@ -355,13 +355,75 @@ pub async fn delete_store(name: String) -> Result<bool, JsError> {
     deleted
 }
 
-/// A complete store's model and one source per part reading from it (for `Engine.load({ store })`).
-pub(super) async fn open_store(name: &str) -> Result<(crate::gguf::SplitModel, Vec<StorePartView<OpfsFile>>), JsError> {
+/// A store's data file as an engine reads it: through a pool of reader workers (several reads at once), or
+/// through one sync access handle in this worker where reader workers are not available.
+pub enum StoreData {
+    Readers(OpfsReaders),
+    Handle(OpfsFile),
+}
+
+impl StoreFile for StoreData {
+    async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        match self {
+            StoreData::Readers(r) => r.read_at(offset, buf).await,
+            StoreData::Handle(f) => f.read_at(offset, buf).await,
+        }
+    }
+    async fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), String> {
+        match self {
+            StoreData::Readers(r) => r.write_at(offset, data).await,
+            StoreData::Handle(f) => f.write_at(offset, data).await,
+        }
+    }
+    async fn size(&self) -> Result<u64, String> {
+        match self {
+            StoreData::Readers(r) => r.size().await,
+            StoreData::Handle(f) => f.size().await,
+        }
+    }
+    async fn set_len(&self, len: u64) -> Result<(), String> {
+        match self {
+            StoreData::Readers(r) => r.set_len(len).await,
+            StoreData::Handle(f) => f.set_len(len).await,
+        }
+    }
+    async fn flush(&self) -> Result<(), String> {
+        match self {
+            StoreData::Readers(r) => r.flush().await,
+            StoreData::Handle(f) => f.flush().await,
+        }
+    }
+}
+
+/// A complete store's model and one source per part reading from it (for `Engine.load({ store })`), through
+/// `readers` reader workers (0: one handle in this worker; also where reader workers are not available, with a
+/// note in the console).
+pub async fn open_store(name: &str, readers: usize) -> Result<(crate::gguf::SplitModel, Vec<StorePartView<StoreData>>), JsError> {
     let dir = OpfsDir::open(name, false)
         .await
         .map_err(js_error)?
         .ok_or_else(|| js_error(format!("Engine.load: there is no store named {name:?} (make it with ingest({{ store: {name:?}, model }}))")))?;
-    open_complete(&dir).await.map_err(|e| js_error(format!("Engine.load: {e}")))
+    if readers > 0 {
+        match OpfsReaders::open(name, DATA_FILE, readers).await {
+            Ok(pool) => {
+                // the readers' handles keep writers out from here on; the manifest and headers are read without
+                // a handle of this worker's own
+                let (model, views) = open_complete(&dir.with_access(Access::Async)).await.map_err(|e| js_error(format!("Engine.load: {e}")))?;
+                let data_len = views.first().map(|v| v.layout().data_len).unwrap_or(0);
+                if pool.file_size() != data_len {
+                    return Err(js_error(format!("Engine.load: {}: the readers see {} bytes, the store has {data_len}", pool.describe(), pool.file_size())));
+                }
+                return Ok((model, views.into_iter().map(|v| v.map_file(|_| StoreData::Readers(pool.clone()))).collect()));
+            }
+            Err(ReadersError::Unavailable(why)) => {
+                web_sys::console::warn_1(&format!("lingtab: store {name:?} is read by one reader in the engine's worker, not {readers}: {why}").into());
+            }
+            Err(ReadersError::Failed(e)) => return Err(js_error(format!("Engine.load: {e}"))),
+        }
+    }
+    // read-only, so other engines' readers can share the file (where the browser knows the mode)
+    let (model, views) = open_complete(&dir.read_only()).await.map_err(|e| js_error(format!("Engine.load: {e}")))?;
+    Ok((model, views.into_iter().map(|v| v.map_file(StoreData::Handle)).collect()))
 }
 
 /// A store's check values (for `Engine.load({ store })`: every dense tensor and expert record read is checked
