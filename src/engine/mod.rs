@@ -5,6 +5,7 @@
 pub mod cache;
 mod forward;
 pub mod pool;
+mod prefill;
 pub mod weights;
 
 use crate::gguf::SplitModel;
@@ -38,7 +39,15 @@ pub struct EngineOptions {
     pub policy: Option<Policy>,
     /// How streamed records reach the pool (default `writeBuffer`; see `bench-stream --uploads`).
     pub upload: Option<Upload>,
+    /// Tokens per chunk of the batched prefill ([`Engine::feed`]); 1 feeds the prompt token by token, like
+    /// [`Engine::step`]. Default [`DEFAULT_PREFILL_CHUNK`]; lowered to what the binding limit allows.
+    pub prefill_chunk: Option<usize>,
+    /// Tokens the prefill runs layer by layer at once (a streamed MoE layer reads each expert they select once);
+    /// default [`DEFAULT_PREFILL_SPAN`], at least the chunk.
+    pub prefill_span: Option<usize>,
 }
+
+pub use prefill::{DEFAULT_CHUNK as DEFAULT_PREFILL_CHUNK, DEFAULT_SPAN as DEFAULT_PREFILL_SPAN};
 
 impl EngineOptions {
     /// Options from the environment: `LINGTAB_MAX_BINDING` (bytes) forces a small binding limit.
@@ -57,7 +66,7 @@ impl EngineOptions {
 pub struct GpuBytes {
     pub dense_weights: u64,
     pub expert_pool: u64,
-    /// KDA states, MLA caches and scratch vectors.
+    /// KDA states, MLA caches and scratch vectors (the prefill's too).
     pub states: u64,
 }
 
@@ -68,12 +77,26 @@ pub struct Engine {
     pool: ExpertPool,
     experts: Experts,
     state: State,
+    /// Scratch of the batched prefill (None: prompts go token by token).
+    prefill: Option<prefill::Prefill>,
     /// Tokens whose effect the states hold, in order; the next step is at position `tokens.len()`.
     tokens: Vec<u32>,
     pub n_ctx: usize,
     stats: CacheStats,
     expert_tensors: ExpertTensors,
     max_binding: u64,
+}
+
+/// The states of a sequence and the prefill's scratch, as loaded.
+struct Dense {
+    state: State,
+    prefill: Option<prefill::Prefill>,
+}
+
+impl Dense {
+    fn bytes(&self) -> u64 {
+        self.state.bytes + self.prefill.as_ref().map_or(0, |p| p.bytes)
+    }
 }
 
 /// Slots of the expert pool the options ask for (every expert when they ask for nothing).
@@ -103,7 +126,7 @@ fn pool_slots(config: &Config, tensors: &ExpertTensors, dense: u64, states: u64,
 
 impl Engine {
     /// Dense weights, states and the expert tensors' shapes; no pool yet.
-    async fn load_dense<S: RangeSource>(gpu: &Gpu, model: &SplitModel, parts: &[S], checks: Option<&StoreChecks>, options: &EngineOptions) -> Result<(Config, Weights, State, ExpertTensors, u64, usize), String> {
+    async fn load_dense<S: RangeSource>(gpu: &Gpu, model: &SplitModel, parts: &[S], checks: Option<&StoreChecks>, options: &EngineOptions) -> Result<(Config, Weights, Dense, ExpertTensors, u64, usize), String> {
         let config = Config::from_header(model.header()).map_err(|e| e.to_string())?;
         crate::model::layout::check_tensors(&config, model)?;
         let limits = gpu.device.limits();
@@ -115,20 +138,28 @@ impl Engine {
         let tensors = ExpertTensors::of(&config, model)?;
         let weights = Weights::load(gpu, &config, model, max_binding, parts, checks).await?;
         let state = State::new(gpu, &config, &weights, n_ctx)?;
-        Ok((config, weights, state, tensors, max_binding, n_ctx))
+        let chunk = options.prefill_chunk.unwrap_or(prefill::DEFAULT_CHUNK).min(n_ctx);
+        let prefill = if chunk > 1 {
+            let span = options.prefill_span.unwrap_or(prefill::DEFAULT_SPAN).clamp(chunk, n_ctx.max(chunk));
+            Some(prefill::Prefill::new(gpu, &config, chunk, span, max_binding)?)
+        } else {
+            None
+        };
+        Ok((config, weights, Dense { state, prefill }, tensors, max_binding, n_ctx))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, state: State, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
+    fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, dense: Dense, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
         let stats = CacheStats::new(policy, pool.n_slots, pool.slot_bytes, config.n_layer);
-        Engine { gpu, config, weights, pool, experts, state, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding }
+        let Dense { state, prefill } = dense;
+        Engine { gpu, config, weights, pool, experts, state, prefill, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding }
     }
 
     /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
     /// For a pool smaller than the experts, use [`Engine::open`], which keeps the parts to stream from.
     pub async fn load<S: RangeSource>(gpu: Gpu, model: &SplitModel, parts: &[S], options: &EngineOptions) -> Result<Engine, String> {
         let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, parts, None, options).await?;
-        let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes, options)?;
+        let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes(), options)?;
         if (slots as u64) < tensors.total() {
             return Err(format!("a pool of {slots} experts (of {}) streams experts: load with Engine::open", tensors.total()));
         }
@@ -147,7 +178,7 @@ impl Engine {
     /// record read is checked before it goes to the GPU, so bytes changed on disk are an error, never output.
     pub async fn open_checked<S: RangeSource + 'static>(gpu: Gpu, model: &SplitModel, parts: Vec<S>, checks: Option<StoreChecks>, options: &EngineOptions) -> Result<Engine, String> {
         let (config, weights, state, tensors, max_binding, n_ctx) = Self::load_dense(&gpu, model, &parts, checks.as_ref(), options).await?;
-        let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes, options)?;
+        let slots = pool_slots(&config, &tensors, weights.bytes, state.bytes(), options)?;
         let reader = PartsReader { parts, tensors: tensors.clone(), checks: checks.map(std::rc::Rc::new) };
         if slots as u64 >= tensors.total() {
             let pool = ExpertPool::load_resident(&gpu, &tensors, config.n_layer, max_binding, &reader).await?;
@@ -204,7 +235,8 @@ impl Engine {
     }
 
     pub fn gpu_bytes(&self) -> GpuBytes {
-        GpuBytes { dense_weights: self.weights.bytes, expert_pool: self.pool.gpu_bytes(), states: self.state.bytes }
+        let prefill = self.prefill.as_ref().map_or(0, |p| p.bytes);
+        GpuBytes { dense_weights: self.weights.bytes, expert_pool: self.pool.gpu_bytes(), states: self.state.bytes + prefill }
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -296,9 +328,42 @@ impl Engine {
             self.reset();
         }
         let start = self.tokens.len();
+        if self.prefill.is_some() && tokens.len() - start > 1 {
+            self.prefill(&tokens[start..]).await?;
+            self.stats.syncs += 1;
+            let bytes = self.gpu.read_back(&self.state.logits, self.state.vocab as u64 * 4).await.map_err(|e| e.0)?;
+            return Ok(bytemuck::pod_collect_to_vec(&bytes[..self.state.vocab * 4]));
+        }
         for &t in &tokens[start..tokens.len() - 1] {
             self.advance(t).await?;
         }
         self.step(tokens[tokens.len() - 1]).await
+    }
+
+    /// Tokens per chunk of the batched prefill (1: prompts go token by token).
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill.as_ref().map_or(1, |p| p.chunk)
+    }
+
+    /// Runs `tokens` at the next positions with the batched prefill, span by span; the logits of the last land
+    /// in the states' logits buffer. A failure part-way forgets the sequence, like [`Engine::advance`].
+    async fn prefill(&mut self, tokens: &[u32]) -> Result<(), String> {
+        if self.tokens.len() + tokens.len() > self.n_ctx {
+            return Err(format!("{} more tokens do not fit the context ({} of {} used)", tokens.len(), self.tokens.len(), self.n_ctx));
+        }
+        self.gpu.check().map_err(|e| e.0)?;
+        let scratch = self.prefill.as_ref().expect("prefill scratch");
+        let span = prefill::Span { gpu: &self.gpu, config: &self.config, weights: &self.weights, state: &self.state, scratch };
+        for part in tokens.chunks(scratch.span) {
+            let pos = self.tokens.len() as u32;
+            if let Err(e) = prefill::run_span(&span, &mut self.pool, &mut self.experts, &mut self.stats, part, pos).await {
+                self.state.clear(&self.gpu);
+                self.tokens.clear();
+                return Err(e);
+            }
+            self.tokens.extend_from_slice(part);
+            self.stats.tokens += part.len() as u64;
+        }
+        Ok(())
     }
 }
