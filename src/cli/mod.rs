@@ -1,5 +1,6 @@
 //! Native command-line subcommands.
 
+pub mod bench_prefill;
 pub mod bench_stream;
 pub mod dequant;
 pub mod generate;
@@ -80,6 +81,15 @@ enum Command {
         model: ModelArgs,
         #[command(flatten)]
         args: bench_stream::BenchStreamArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// One prompt fed token by token and in chunks (the batched prefill): prompt rate, µs/token/layer, bytes read
+    BenchPrefill {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        args: bench_prefill::BenchPrefillArgs,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -184,6 +194,12 @@ struct EngineArgs {
     /// How streamed experts reach the GPU: write (queue.writeBuffer) or staging (a mapped staging ring)
     #[arg(long, value_parser = crate::engine::Upload::parse)]
     upload: Option<crate::engine::Upload>,
+    /// Prompt tokens per chunk of the batched prefill (1: token by token)
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
+    /// Prompt tokens run layer by layer at once (a streamed MoE layer reads each expert they select once)
+    #[arg(long)]
+    prefill_span: Option<usize>,
 }
 
 impl EngineArgs {
@@ -195,6 +211,8 @@ impl EngineArgs {
         o.gpu_budget_bytes = self.gpu_budget;
         o.policy = self.policy;
         o.upload = self.upload;
+        o.prefill_chunk = self.prefill_chunk;
+        o.prefill_span = self.prefill_span;
         o
     }
 }
@@ -211,6 +229,7 @@ pub fn main() {
         }
         Command::Greedy { model, tokens, n, engine } => run::greedy(&model.path(), &tokens, n, &engine.options()),
         Command::BenchStream { model, args, engine } => bench_stream::run(&model.path(), &args, &engine.options()),
+        Command::BenchPrefill { model, args, engine } => bench_prefill::run(&model.path(), &args, &engine.options()),
         Command::Generate { args, engine } => {
             generate::generate(&args.gguf, &args.prompt, args.system.as_deref(), args.raw, &args.gen, &engine.options())
         }

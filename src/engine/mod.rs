@@ -345,6 +345,24 @@ impl Engine {
         self.prefill.as_ref().map_or(1, |p| p.chunk)
     }
 
+    /// Tokens per span of the batched prefill (run layer by layer at once).
+    pub fn prefill_span(&self) -> usize {
+        self.prefill.as_ref().map_or(1, |p| p.span)
+    }
+
+    /// New prefill scratch for chunks of `chunk` tokens and spans of `span` (1: token by token; benchmarks compare
+    /// both on one load). The sequence starts over.
+    pub fn set_prefill(&mut self, chunk: usize, span: Option<usize>) -> Result<(), String> {
+        self.prefill = None;
+        let chunk = chunk.min(self.n_ctx);
+        if chunk > 1 {
+            let span = span.unwrap_or(prefill::DEFAULT_SPAN).clamp(chunk, self.n_ctx.max(chunk));
+            self.prefill = Some(prefill::Prefill::new(&self.gpu, &self.config, chunk, span, self.max_binding)?);
+        }
+        self.reset();
+        Ok(())
+    }
+
     /// Runs `tokens` at the next positions with the batched prefill, span by span; the logits of the last land
     /// in the states' logits buffer. A failure part-way forgets the sequence, like [`Engine::advance`].
     async fn prefill(&mut self, tokens: &[u32]) -> Result<(), String> {

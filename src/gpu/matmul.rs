@@ -1,6 +1,6 @@
 //! Matrix-matrix products over ggml rows for a chunk of tokens (`shaders/matmul.wgsl` over `quant.wgsl`):
 //! dense, batched per head, and over the experts a chunk's tokens selected (each expert's rows decoded once
-//! per tile of up to 64 of its tokens, read from its pool slot). The prefill's counterpart of [`super::matvec`].
+//! per tile of up to 16 of its tokens, read from its pool slot). The prefill's counterpart of [`super::matvec`].
 
 use super::matvec::{Matrix, PoolChunk};
 use super::{Gpu, Pass, P};
@@ -10,9 +10,14 @@ const QUANT: &str = include_str!("../../shaders/quant.wgsl");
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
 const LABEL: &str = "matmul.wgsl";
 
-/// Rows and tokens of one workgroup's tile (`TILE_ROWS`, `TILE_TOKENS` in the shader).
+/// Rows and tokens of a wide tile (`TILE_ROWS`, `TILE_TOKENS` in the shader), for many tokens.
 pub const TILE_ROWS: u32 = 64;
 pub const TILE_TOKENS: u32 = 64;
+/// Rows and tokens of a row tile (`ROW_TILE`, `ROW_TOKENS`), for a few tokens and for the experts.
+pub const ROW_TILE: u32 = 128;
+pub const ROW_TOKENS: u32 = 16;
+/// Token counts up to this use row tiles.
+pub const FEW_TOKENS: u32 = 16;
 
 fn source() -> &'static str {
     static S: OnceLock<String> = OnceLock::new();
@@ -46,15 +51,20 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
     if tokens == 0 || batch == 0 || m.rows == 0 {
         return;
     }
-    let kernel = gpu.kernel(LABEL, source(), "matmul");
     let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5]);
-    pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (m.rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), batch));
+    let grid = if tokens <= FEW_TOKENS {
+        ("matmul_rows", (m.rows.div_ceil(ROW_TILE), tokens.div_ceil(ROW_TOKENS), batch))
+    } else {
+        ("matmul", (m.rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), batch))
+    };
+    let kernel = gpu.kernel(LABEL, source(), grid.0);
+    pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, grid.1);
 }
 
 /// Entries the expert tile list may need for `pairs` (token, expert) pairs over `n_expert` experts: every
-/// expert used gets ⌈its pairs / 64⌉ tiles.
+/// expert used gets ⌈its pairs / [`ROW_TOKENS`]⌉ tiles.
 pub fn max_tiles(pairs: u32, n_expert: u32) -> u32 {
-    pairs.div_ceil(TILE_TOKENS) + pairs.min(n_expert)
+    pairs.div_ceil(ROW_TOKENS) + pairs.min(n_expert)
 }
 
 /// For every entry of the tile list in `groups` (written by [`super::moe::group`], `list_at` its list's word
@@ -71,7 +81,7 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, groups: 
     let kernel = gpu.kernel(LABEL, source(), "matmul_experts");
     let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
     let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts);
-    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(TILE_ROWS), max_tiles, 1));
+    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(ROW_TILE), max_tiles, 1));
 }
 
 #[allow(clippy::too_many_arguments)]
