@@ -206,3 +206,34 @@ fn chunked_prefill_matches_llama_cpp() {
         }
     }
 }
+
+#[test]
+fn a_read_failure_during_a_streamed_prefill_is_a_clear_error_and_the_engine_recovers() {
+    let dir = std::env::temp_dir().join(format!("lingtab-prefill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for n in PARTS {
+        std::fs::copy(fixture::path(n), dir.join(n)).unwrap();
+    }
+    let slot = resident(1, None).stats().slot_bytes;
+    let parts: Vec<FileSource> = PARTS.iter().map(|n| FileSource::open(&dir.join(n)).unwrap()).collect();
+    let options = EngineOptions { pool_bytes: Some(SLOTS * slot), ..options(8, None) };
+    let mut engine = pollster::block_on(async { Engine::open(Gpu::new().await.unwrap(), &fixture::model(), parts, &options).await.unwrap() });
+    let prompt = &prompt()[..12];
+    // cut part 2 (where most expert stacks live) to its first 1000 bytes
+    std::fs::OpenOptions::new().write(true).open(dir.join(PARTS[1])).unwrap().set_len(1000).unwrap();
+    let err = pollster::block_on(engine.feed(prompt)).unwrap_err();
+    assert!(err.contains("reading experts of layer") && err.contains(PARTS[1]), "{err}");
+    assert_eq!(engine.position(), 0, "a failed prefill forgets the half-updated sequence");
+    // restored, the same engine gives the resident engine's logits, for the prompt and the decode steps after it
+    // (which read experts through the pool's slot table, so a slot mapped to the wrong expert would show)
+    std::fs::copy(fixture::path(PARTS[1]), dir.join(PARTS[1])).unwrap();
+    let mut reference = resident(8, None);
+    for (i, t) in [None, Some(17u32), Some(900)].into_iter().enumerate() {
+        let (got, want) = match t {
+            None => (pollster::block_on(engine.feed(prompt)).unwrap(), pollster::block_on(reference.feed(prompt)).unwrap()),
+            Some(t) => (pollster::block_on(engine.step(t)).unwrap(), pollster::block_on(reference.step(t)).unwrap()),
+        };
+        assert!(max_abs(&got, &want) <= golden::MAX_ABS, "after recovery, row {i}: max |Δ| {:.2e}", max_abs(&got, &want));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -40,7 +40,8 @@ pub struct EngineOptions {
     /// How streamed records reach the pool (default `writeBuffer`; see `bench-stream --uploads`).
     pub upload: Option<Upload>,
     /// Tokens per chunk of the batched prefill ([`Engine::feed`]); 1 feeds the prompt token by token, like
-    /// [`Engine::step`]. Default [`DEFAULT_PREFILL_CHUNK`]; lowered to what the binding limit allows.
+    /// [`Engine::step`]. Default [`DEFAULT_PREFILL_CHUNK`]; lowered to what the binding limit allows (token by
+    /// token when not even two tokens' scratch fits one binding).
     pub prefill_chunk: Option<usize>,
     /// Tokens the prefill runs layer by layer at once (a streamed MoE layer reads each expert they select once);
     /// default [`DEFAULT_PREFILL_SPAN`], at least the chunk.
@@ -138,13 +139,7 @@ impl Engine {
         let tensors = ExpertTensors::of(&config, model)?;
         let weights = Weights::load(gpu, &config, model, max_binding, parts, checks).await?;
         let state = State::new(gpu, &config, &weights, n_ctx)?;
-        let chunk = options.prefill_chunk.unwrap_or(prefill::DEFAULT_CHUNK).min(n_ctx);
-        let prefill = if chunk > 1 {
-            let span = options.prefill_span.unwrap_or(prefill::DEFAULT_SPAN).clamp(chunk, n_ctx.max(chunk));
-            Some(prefill::Prefill::new(gpu, &config, chunk, span, max_binding)?)
-        } else {
-            None
-        };
+        let prefill = prefill::Prefill::for_options(gpu, &config, options.prefill_chunk, options.prefill_span, n_ctx, max_binding);
         Ok((config, weights, Dense { state, prefill }, tensors, max_binding, n_ctx))
     }
 
@@ -297,8 +292,8 @@ impl Engine {
         Ok(u32::from_le_bytes(bytes[..4].try_into().unwrap()))
     }
 
-    /// The routing of the last step, per MoE layer (read back from the GPU; for checks against references,
-    /// where a near-tie in routing may legitimately go the other way).
+    /// The routing of the last decode step, per MoE layer (read back from the GPU; for checks against references,
+    /// where a near-tie in routing may legitimately go the other way). A chunked prefill does not update it.
     pub async fn last_routing(&self) -> Result<Vec<(usize, Selection)>, String> {
         let k = self.config.n_expert_used as u32;
         let mut out = Vec::new();
@@ -354,11 +349,7 @@ impl Engine {
     /// both on one load). The sequence starts over.
     pub fn set_prefill(&mut self, chunk: usize, span: Option<usize>) -> Result<(), String> {
         self.prefill = None;
-        let chunk = chunk.min(self.n_ctx);
-        if chunk > 1 {
-            let span = span.unwrap_or(prefill::DEFAULT_SPAN).clamp(chunk, self.n_ctx.max(chunk));
-            self.prefill = Some(prefill::Prefill::new(&self.gpu, &self.config, chunk, span, self.max_binding)?);
-        }
+        self.prefill = prefill::Prefill::for_options(&self.gpu, &self.config, Some(chunk), span, self.n_ctx, self.max_binding);
         self.reset();
         Ok(())
     }

@@ -99,6 +99,17 @@ fn floats(gpu: &Gpu, label: &str, n: usize) -> wgpu::Buffer {
 }
 
 impl Prefill {
+    /// The scratch the options ask for, or None for token by token (a chunk of 1, or a binding limit that does
+    /// not hold two tokens' rows).
+    pub fn for_options(gpu: &Gpu, c: &Config, chunk: Option<usize>, span: Option<usize>, n_ctx: usize, max_binding: u64) -> Option<Prefill> {
+        let chunk = chunk.unwrap_or(DEFAULT_CHUNK).min(n_ctx);
+        if chunk < 2 {
+            return None;
+        }
+        let span = span.unwrap_or(DEFAULT_SPAN).clamp(chunk, n_ctx.max(chunk));
+        Prefill::new(gpu, c, chunk, span, max_binding).ok()
+    }
+
     /// Scratch for chunks of up to `chunk` tokens and spans of up to `span`, both lowered until every buffer
     /// fits `max_binding` bytes.
     pub fn new(gpu: &Gpu, c: &Config, chunk: usize, span: usize, max_binding: u64) -> Result<Prefill, String> {
@@ -405,12 +416,7 @@ async fn stream_layer(s: &Span<'_>, pool: &mut ExpertPool, cache: &mut ExpertCac
         stats.misses += misses;
         stats.layer_hits[l] += pairs - misses;
         stats.layer_misses[l] += misses;
-        if let Err(e) = fill(gpu, pool, reader, stats, &plan.fills, l, k).await {
-            for f in &plan.fills {
-                cache.forget(f.slot);
-            }
-            return Err(e);
-        }
+        fill(gpu, pool, cache, reader, stats, &plan.fills, l, k).await?;
         let mut table = vec![NONE; pool.n_expert as usize];
         for (&e, &slot) in wave.iter().zip(&plan.slots) {
             table[e as usize] = slot;
@@ -431,9 +437,10 @@ async fn stream_layer(s: &Span<'_>, pool: &mut ExpertPool, cache: &mut ExpertCac
     Ok(())
 }
 
-/// Reads the records of `fills` (k at a time, the staging ring's batch) into their slots and maps them.
+/// Reads the records of `fills` (k at a time, the staging ring's batch) into their slots and maps them. On a
+/// failure the slots not filled yet are forgotten by the cache (the ones filled stay mapped and valid).
 #[allow(clippy::too_many_arguments)]
-async fn fill(gpu: &Gpu, pool: &mut ExpertPool, reader: &dyn RecordReader, stats: &mut CacheStats, fills: &[super::cache::Fill], l: usize, k: usize) -> Result<(), String> {
+async fn fill(gpu: &Gpu, pool: &mut ExpertPool, cache: &mut ExpertCache, reader: &dyn RecordReader, stats: &mut CacheStats, fills: &[super::cache::Fill], l: usize, k: usize) -> Result<(), String> {
     for fill in fills {
         if let Some(old) = fill.evicted {
             pool.map(gpu, (old / pool.n_expert) as usize, old % pool.n_expert, NONE);
@@ -441,20 +448,31 @@ async fn fill(gpu: &Gpu, pool: &mut ExpertPool, reader: &dyn RecordReader, stats
             stats.bytes_uploaded += 4;
         }
     }
-    for batch in fills.chunks(k.max(1)) {
-        let wanted: Vec<u32> = batch.iter().map(|f| f.expert).collect();
-        let began = now_s();
-        let records = reader.read(l, &wanted).await.map_err(|e| format!("reading experts of layer {l}: {e}"))?;
-        stats.read_s += now_s() - began;
-        let began = now_s();
-        let slots: Vec<(u32, &[u8])> = batch.iter().zip(&records).map(|(f, r)| (f.slot, r.as_slice())).collect();
-        pool.fill_batch(gpu, &slots).await?;
-        for (f, record) in batch.iter().zip(&records) {
-            stats.bytes_read += record.len() as u64;
-            stats.bytes_uploaded += record.len() as u64 + 4;
-            pool.map(gpu, l, f.expert, f.slot);
+    let batch = k.max(1);
+    for (i, part) in fills.chunks(batch).enumerate() {
+        if let Err(e) = fill_part(gpu, pool, reader, stats, part, l).await {
+            for f in &fills[i * batch..] {
+                cache.forget(f.slot);
+            }
+            return Err(e);
         }
-        stats.upload_s += now_s() - began;
     }
+    Ok(())
+}
+
+async fn fill_part(gpu: &Gpu, pool: &mut ExpertPool, reader: &dyn RecordReader, stats: &mut CacheStats, part: &[super::cache::Fill], l: usize) -> Result<(), String> {
+    let wanted: Vec<u32> = part.iter().map(|f| f.expert).collect();
+    let began = now_s();
+    let records = reader.read(l, &wanted).await.map_err(|e| format!("reading experts of layer {l}: {e}"))?;
+    stats.read_s += now_s() - began;
+    let began = now_s();
+    let slots: Vec<(u32, &[u8])> = part.iter().zip(&records).map(|(f, r)| (f.slot, r.as_slice())).collect();
+    pool.fill_batch(gpu, &slots).await?;
+    for (f, record) in part.iter().zip(&records) {
+        stats.bytes_read += record.len() as u64;
+        stats.bytes_uploaded += record.len() as u64 + 4;
+        pool.map(gpu, l, f.expert, f.slot);
+    }
+    stats.upload_s += now_s() - began;
     Ok(())
 }
