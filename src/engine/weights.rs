@@ -55,6 +55,7 @@ impl GpuTensor {
     }
     /// For each of `tokens` tokens t: `y[y_at.offset + t·y_at.stride + r] = (W·x_t)[r]`, x_t at `x_at`; one
     /// dispatch per piece.
+    #[allow(clippy::too_many_arguments)]
     pub fn matmul(&self, gpu: &Gpu, pass: &mut Pass, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows) {
         for p in &self.pieces {
             let m = Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 };
