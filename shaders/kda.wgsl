@@ -65,6 +65,8 @@ struct GateParams {
     n_head: u32,
     head_dim: u32,
     lower_bound: f32,
+    // token t (grid z): fa at t·D, β logits at t·n_head, outputs at t·(D + n_head)
+    tokens: u32,
 }
 
 @group(0) @binding(0) var<storage, read> gate_fa: array<f32>;
@@ -74,9 +76,10 @@ struct GateParams {
 @group(0) @binding(4) var<storage, read_write> gate_gb: array<f32>;
 @group(0) @binding(5) var<uniform> gate_params: GateParams;
 
-fn store_gate(i: u32, value: f32) {
-    if (i < gate_params.n_head * (gate_params.head_dim + 1u) && i < arrayLength(&gate_gb)) {
-        gate_gb[i] = value;
+fn store_gate(token: u32, i: u32, value: f32) {
+    let row = gate_params.n_head * (gate_params.head_dim + 1u);
+    if (i < row && token * row + i < arrayLength(&gate_gb)) {
+        gate_gb[token * row + i] = value;
     }
 }
 
@@ -84,13 +87,15 @@ fn store_gate(i: u32, value: f32) {
 fn kda_gates(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
     let c = workgroup_index(wg, n_wg) * WORKGROUP + lid;
+    let t = wg.z;
     let dim = gate_params.n_head * gate_params.head_dim;
+    if (t >= gate_params.tokens) { return; }
     if (c < dim) {
         let a = gate_a[c / gate_params.head_dim];
-        store_gate(c, gate_params.lower_bound * sigmoid(a * (gate_fa[c] + gate_dt_bias[c])));
+        store_gate(t, c, gate_params.lower_bound * sigmoid(a * (gate_fa[t * dim + c] + gate_dt_bias[c])));
     }
     if (c < gate_params.n_head) {
-        store_gate(dim + c, sigmoid(gate_beta_logits[c]));
+        store_gate(t, dim + c, sigmoid(gate_beta_logits[t * gate_params.n_head + c]));
     }
 }
 
@@ -243,5 +248,188 @@ fn kda_head_norm_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let inv_rms = 1.0 / sqrt(sum_a[0] / f32(d) + norm_params.eps);
     if (lid < d && i < norm_params.n_head * d && i < arrayLength(&norm_y)) {
         norm_y[i] = o * inv_rms * norm_w[lid] * sigmoid(norm_z[i]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The chunked prefill: the same steps for the T tokens of a chunk, each equal to T decode steps in order.
+// Token t's vectors sit at t·(row width): q|k|v at t·3D, g|β at t·(D + n_head), outputs at t·D (or t·3D).
+
+// kda_conv_chunk: one invocation per channel, through the chunk's tokens in order, its conv state in registers
+// (read at the start, written back at the end).
+
+struct ConvChunkParams {
+    channels: u32,
+    kernel_size: u32,
+    tokens: u32,
+}
+
+@group(0) @binding(0) var<storage, read> cc_x: array<f32>;
+@group(0) @binding(1) var<storage, read> cc_w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cc_state: array<f32>;
+@group(0) @binding(3) var<storage, read_write> cc_y: array<f32>;
+@group(0) @binding(4) var<uniform> cc_params: ConvChunkParams;
+
+const MAX_CONV: u32 = 8u;
+
+@compute @workgroup_size(256)
+fn kda_conv_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let p = cc_params;
+    let c = workgroup_index(wg, n_wg) * WORKGROUP + lid;
+    if (c >= p.channels || p.kernel_size > MAX_CONV) { return; }
+    let past_len = p.kernel_size - 1u;
+    var past: array<f32, MAX_CONV>;
+    var w: array<f32, MAX_CONV>;
+    for (var i = 0u; i < MAX_CONV; i++) {
+        if (i < past_len) { past[i] = cc_state[past_len * c + i]; }
+        if (i < p.kernel_size) { w[i] = cc_w[p.kernel_size * c + i]; }
+    }
+    for (var t = 0u; t < p.tokens; t++) {
+        let x = cc_x[t * p.channels + c];
+        // the decode kernel's order: the past taps oldest first, then the current input
+        var acc = 0.0;
+        for (var i = 0u; i < MAX_CONV; i++) {
+            if (i < past_len) { acc += w[i] * past[i]; }
+        }
+        acc += w[past_len] * x;
+        for (var i = 0u; i + 1u < MAX_CONV; i++) {
+            if (i + 1u < past_len) { past[i] = past[i + 1u]; }
+        }
+        past[past_len - 1u] = x;
+        let out = t * p.channels + c;
+        if (out < arrayLength(&cc_y)) { cc_y[out] = acc / (1.0 + exp(-acc)); }
+    }
+    for (var i = 0u; i < past_len; i++) {
+        let at = past_len * c + i;
+        if (at < arrayLength(&cc_state)) { cc_state[at] = past[i]; }
+    }
+}
+
+// kda_qk_norm: q and k of every (token, head) L2-normalised in place (x / max(‖x‖₂, eps), as kda_delta does),
+// one workgroup each, so the recurrence below needs no reductions for them.
+
+struct QkNormParams {
+    n_head: u32,
+    head_dim: u32,
+    eps: f32,
+    tokens: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> qn_qkv: array<f32>;
+@group(0) @binding(1) var<uniform> qn_params: QkNormParams;
+
+@compute @workgroup_size(256)
+fn kda_qk_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let p = qn_params;
+    let index = workgroup_index(wg, n_wg);
+    if (index >= p.n_head * p.tokens) { return; }
+    let t = index / p.n_head;
+    let h = index % p.n_head;
+    let d = p.head_dim;
+    let dim = p.n_head * d;
+    let q_at = t * 3u * dim + h * d + lid;
+    let k_at = q_at + dim;
+    var q = 0.0;
+    var k = 0.0;
+    if (lid < d) {
+        q = qn_qkv[q_at];
+        k = qn_qkv[k_at];
+    }
+    sum_a[lid] = q * q;
+    sum_b[lid] = k * k;
+    workgroupBarrier();
+    tree_sum_ab(lid);
+    if (lid < d && k_at < arrayLength(&qn_qkv)) {
+        qn_qkv[q_at] = q * (1.0 / max(sqrt(sum_a[0]), p.eps));
+        qn_qkv[k_at] = k * (1.0 / max(sqrt(sum_b[0]), p.eps));
+    }
+}
+
+// kda_delta_chunk: the gated delta rule through the chunk's tokens, grid (column group, head). The value
+// columns of S are independent (u_j, the update and o_j touch column j only), so a workgroup takes DC_COLS
+// columns, DC_LANES invocations each, every invocation holding a span of ≤ DC_SPAN key indices of its column in
+// registers for the whole chunk. Per token: decay, u_j = Σ_i S[i][j] k̂_i, δ_j = β(v_j − u_j), S[i][j] += k̂_i δ_j,
+// o_j = Σ_i S[i][j] q̂_i / √d — kda_delta's order; q and k come normalised by kda_qk_norm.
+
+const DC_LANES: u32 = 8u;
+const DC_COLS: u32 = 32u;
+const DC_SPAN: u32 = 32u; // so head_dim ≤ 256
+
+struct DeltaChunkParams {
+    n_head: u32,
+    head_dim: u32,
+    tokens: u32,
+}
+
+@group(0) @binding(0) var<storage, read> dc_qkv: array<f32>;
+@group(0) @binding(1) var<storage, read> dc_gb: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dc_state: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dc_o: array<f32>;
+@group(0) @binding(4) var<uniform> dc_params: DeltaChunkParams;
+
+@compute @workgroup_size(256)
+fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let p = dc_params;
+    let h = wg.y;
+    if (h >= p.n_head) { return; }
+    let d = p.head_dim;
+    let dim = p.n_head * d;
+    let lane = lid % DC_LANES;
+    let col = lid / DC_LANES;
+    let j = wg.x * DC_COLS + col;
+    let valid = j < d;
+    let span = (d + DC_LANES - 1u) / DC_LANES;
+    let i_begin = lane * span;
+    let column = (h * d + j) * d;
+    var s: array<f32, DC_SPAN>;
+    for (var n = 0u; n < DC_SPAN; n++) {
+        let i = i_begin + n;
+        if (valid && n < span && i < d) { s[n] = dc_state[column + i]; }
+    }
+    let inv_sqrt_d = 1.0 / sqrt(f32(d));
+    for (var t = 0u; t < p.tokens; t++) {
+        let qkv_at = t * 3u * dim + h * d;
+        let g_at = t * (dim + p.n_head) + h * d;
+        var u = 0.0;
+        for (var n = 0u; n < DC_SPAN; n++) {
+            let i = i_begin + n;
+            if (valid && n < span && i < d) {
+                let decayed = s[n] * exp(dc_gb[g_at + i]);
+                s[n] = decayed;
+                u += decayed * dc_qkv[qkv_at + dim + i];
+            }
+        }
+        sum_a[lid] = u;
+        workgroupBarrier();
+        var u_total = 0.0;
+        for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
+        var delta = 0.0;
+        if (valid) {
+            delta = dc_gb[t * (dim + p.n_head) + dim + h] * (dc_qkv[qkv_at + 2u * dim + j] - u_total);
+        }
+        var o = 0.0;
+        for (var n = 0u; n < DC_SPAN; n++) {
+            let i = i_begin + n;
+            if (valid && n < span && i < d) {
+                let updated = s[n] + dc_qkv[qkv_at + dim + i] * delta;
+                s[n] = updated;
+                o += updated * dc_qkv[qkv_at + i];
+            }
+        }
+        sum_b[lid] = o;
+        workgroupBarrier();
+        if (valid && lane == 0u) {
+            var o_total = 0.0;
+            for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
+            let out = t * dim + h * d + j;
+            if (out < arrayLength(&dc_o)) { dc_o[out] = o_total * inv_sqrt_d; }
+        }
+    }
+    for (var n = 0u; n < DC_SPAN; n++) {
+        let i = i_begin + n;
+        let at = column + i;
+        if (valid && n < span && i < d && at < arrayLength(&dc_state)) { dc_state[at] = s[n]; }
     }
 }

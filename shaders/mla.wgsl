@@ -49,6 +49,8 @@ struct KvRowParams {
     rope_dim: u32,
     eps: f32,
     rope_step: f32,
+    // tokens (one workgroup each): token t's kv at t·(rank + rope_dim), written to row pos + t
+    tokens: u32,
 }
 
 @group(0) @binding(0) var<storage, read> kv: array<f32>;
@@ -65,13 +67,18 @@ fn store_cache(row_start: u32, i: u32, value: f32) {
     }
 }
 
-// One workgroup.
+// One workgroup per token.
 @compute @workgroup_size(256)
-fn mla_kv_row(@builtin(local_invocation_index) lid: u32) {
+fn mla_kv_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let token = wg.x + wg.y * n_wg.x;
+    if (token >= kv_params.tokens) { return; }
     let rank = kv_params.rank;
+    let kv_at = token * (rank + kv_params.rope_dim);
+    let pos = kv_params.pos + token;
     var sum_sq = 0.0;
     for (var i = lid; i < rank; i += 256u) {
-        sum_sq += kv[i] * kv[i];
+        sum_sq += kv[kv_at + i] * kv[kv_at + i];
     }
     kv_sum_sq[lid] = sum_sq;
     workgroupBarrier();
@@ -82,13 +89,13 @@ fn mla_kv_row(@builtin(local_invocation_index) lid: u32) {
         workgroupBarrier();
     }
     let scale = 1.0 / sqrt(kv_sum_sq[0] / f32(rank) + kv_params.eps);
-    let row_start = kv_params.pos * (rank + kv_params.rope_dim);
+    let row_start = pos * (rank + kv_params.rope_dim);
     for (var i = lid; i < rank; i += 256u) {
-        store_cache(row_start, i, (kv[i] * scale) * kv_norm_w[i]);
+        store_cache(row_start, i, (kv[kv_at + i] * scale) * kv_norm_w[i]);
     }
     for (var pair = lid; pair < kv_params.rope_dim / 2u; pair += 256u) {
         let i = rank + 2u * pair;
-        let rotated = rope_pair(vec2<f32>(kv[i], kv[i + 1u]), kv_params.pos, pair, kv_params.rope_step);
+        let rotated = rope_pair(vec2<f32>(kv[kv_at + i], kv[kv_at + i + 1u]), pos, pair, kv_params.rope_step);
         store_cache(row_start, i, rotated.x);
         store_cache(row_start, i + 1u, rotated.y);
     }
@@ -103,34 +110,38 @@ struct RopeQParams {
     rank: u32,
     rope_dim: u32,
     rope_step: f32,
+    // token t (grid z) at position pos + t: its q at t·n_head·(d_nope + rope_dim), its q_abs at t·n_head·(rank + rope_dim)
+    tokens: u32,
 }
 
 @group(0) @binding(0) var<storage, read> rope_q_in: array<f32>;
 @group(0) @binding(1) var<storage, read_write> rope_q_abs: array<f32>;
 @group(0) @binding(2) var<uniform> rope_q_params: RopeQParams;
 
-fn store_q_abs(at: u32, value: f32) {
+fn store_q_abs(token: u32, at: u32, value: f32) {
     let p = rope_q_params;
-    if (at < p.n_head * (p.rank + p.rope_dim) && at < arrayLength(&rope_q_abs)) {
-        rope_q_abs[at] = value;
+    let row = p.n_head * (p.rank + p.rope_dim);
+    if (at < row && token * row + at < arrayLength(&rope_q_abs)) {
+        rope_q_abs[token * row + at] = value;
     }
 }
 
-// One invocation per (head, pair).
+// One invocation per (head, pair), grid z per token.
 @compute @workgroup_size(64)
 fn mla_rope_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
     let p = rope_q_params;
     let n_pairs = p.rope_dim / 2u;
     let index = (wg.x + wg.y * n_wg.x) * 64u + lid;
-    if (index >= p.n_head * n_pairs) { return; }
+    let token = wg.z;
+    if (index >= p.n_head * n_pairs || token >= p.tokens) { return; }
     let head = index / n_pairs;
     let pair = index % n_pairs;
-    let src = head * (p.d_nope + p.rope_dim) + p.d_nope + 2u * pair;
-    let rotated = rope_pair(vec2<f32>(rope_q_in[src], rope_q_in[src + 1u]), p.pos, pair, p.rope_step);
+    let src = token * p.n_head * (p.d_nope + p.rope_dim) + head * (p.d_nope + p.rope_dim) + p.d_nope + 2u * pair;
+    let rotated = rope_pair(vec2<f32>(rope_q_in[src], rope_q_in[src + 1u]), p.pos + token, pair, p.rope_step);
     let dst = head * (p.rank + p.rope_dim) + p.rank + 2u * pair;
-    store_q_abs(dst, rotated.x);
-    store_q_abs(dst + 1u, rotated.y);
+    store_q_abs(token, dst, rotated.x);
+    store_q_abs(token, dst + 1u, rotated.y);
 }
 
 // ── mla_attention: out[h·rank + ρ] = Σ_t softmax_t(q_abs_h·cache_t·scale)·cache_t[ρ], t = 0..=pos ──
@@ -149,6 +160,9 @@ struct AttentionParams {
     rank: u32,
     rope_dim: u32,
     scale: f32,
+    // token t (grid z) at position pos + t attends rows 0..=pos + t; its queries at t·n_head·(rank + rope_dim),
+    // its outputs at t·n_head·rank
+    tokens: u32,
 }
 
 @group(0) @binding(0) var<storage, read> attn_q_abs: array<f32>;
@@ -164,10 +178,11 @@ fn mla_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
                  @builtin(local_invocation_index) lid: u32) {
     let p = attn_params;
     let head = wg.x + wg.y * n_wg.x;
-    if (head >= p.n_head) { return; }
+    let token = wg.z;
+    if (head >= p.n_head || token >= p.tokens) { return; }
     let width = p.rank + p.rope_dim;
-    let q_start = head * width;
-    let n_rows = p.pos + 1u;
+    let q_start = (token * p.n_head + head) * width;
+    let n_rows = p.pos + token + 1u;
     let lane = lid % ATTN_LANES;
     let row_in_flight = lid / ATTN_LANES;
 
@@ -221,7 +236,7 @@ fn mla_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
         let rho = lid + j * ATTN_WG;
-        let at = head * p.rank + rho;
+        let at = (token * p.n_head + head) * p.rank + rho;
         if (rho < p.rank && at < arrayLength(&attn_out)) {
             attn_out[at] = acc[j] / running_sum;
         }

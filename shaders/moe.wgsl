@@ -32,6 +32,9 @@ struct RouteParams {
     n_group_used: u32,
     norm: u32,
     scale: f32,
+    // tokens routed (one workgroup each): token t's logits at t·n_expert, its selection at sel_offset + t·(2·n_used + 2)
+    tokens: u32,
+    sel_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> route_logits: array<f32>;
@@ -45,11 +48,18 @@ var<workgroup> group_kept: array<bool, MAX_GROUPS>;
 var<workgroup> best_scores: array<f32, 256>;
 var<workgroup> best_experts: array<u32, 256>;
 var<workgroup> picked: array<u32, MAX_USED + 1u>; // the n_used picks, then the runner-up
+var<private> route_token: u32;
 
 fn store_sel(i: u32, bits: u32) {
-    if (i < 2u * route_params.n_used + 2u && i < arrayLength(&route_sel)) {
-        route_sel[i] = bits;
+    let words = 2u * route_params.n_used + 2u;
+    let at = route_params.sel_offset + route_token * words + i;
+    if (i < words && at < arrayLength(&route_sel)) {
+        route_sel[at] = bits;
     }
+}
+
+fn route_logit(e: u32) -> f32 {
+    return route_logits[route_token * route_params.n_expert + e];
 }
 
 // Candidate a (score, expert; NONE = no candidate) beats b: higher score, or equal score and lower index.
@@ -91,13 +101,17 @@ fn score_of(expert: u32) -> f32 {
     return expert_scores[expert];
 }
 
-// One workgroup; each invocation owns experts lid and lid + 256.
+// One workgroup per token; each invocation owns experts lid and lid + 256.
 @compute @workgroup_size(256)
-fn moe_route(@builtin(local_invocation_index) lid: u32) {
+fn moe_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
     let p = route_params;
+    let token = wg.x + wg.y * n_wg.x;
+    if (token >= p.tokens) { return; }
+    route_token = token;
     let group_size = p.n_expert / p.n_group;
     for (var e = lid; e < p.n_expert; e += 256u) {
-        expert_scores[e] = sigmoid(route_logits[e]) + route_bias[e];
+        expert_scores[e] = sigmoid(route_logit(e)) + route_bias[e];
     }
     workgroupBarrier();
     if (lid < p.n_group) {
@@ -157,11 +171,11 @@ fn moe_route(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
         var sum = 0.0;
         for (var j = 0u; j < p.n_used; j++) {
-            sum += sigmoid(route_logits[picked[j]]);
+            sum += sigmoid(route_logit(picked[j]));
         }
         let denominator = max(sum, MIN_WEIGHT_SUM);
         for (var j = 0u; j < p.n_used; j++) {
-            var weight = sigmoid(route_logits[picked[j]]);
+            var weight = sigmoid(route_logit(picked[j]));
             if (p.norm != 0u) {
                 weight /= denominator;
             }
@@ -212,10 +226,17 @@ fn swiglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: v
 
 // ── moe_accumulate: x[h] += (Σ_j w_j·out[j·hidden + h]) + shared[h], summed in selection order ──
 // moe_accumulate_routed: the same without a shared expert.
+// moe_accumulate_wave: x[h] += Σ_j w_j·out[j·hidden + h] over the selected experts mapped in `acc_wave_slots`
+// only (the experts of one wave of a streamed prefill; the others' outputs are not computed yet).
+// Token t (grid z) of a chunk: x at x_offset + t·hidden, shared at t·hidden, out at t·n_used·hidden, its selection at
+// sel_offset + t·(2·n_used + 2).
 
 struct AccumulateParams {
     hidden: u32,
     n_used: u32,
+    x_offset: u32,
+    sel_offset: u32,
+    slot_base: u32,
 }
 
 @group(0) @binding(0) var<storage, read> acc_expert_out: array<f32>;
@@ -224,11 +245,15 @@ struct AccumulateParams {
 @group(0) @binding(3) var<storage, read> acc_shared: array<f32>;
 @group(0) @binding(4) var<uniform> acc_params: AccumulateParams;
 @group(0) @binding(3) var<uniform> acc_routed_params: AccumulateParams;
+@group(0) @binding(3) var<storage, read> acc_wave_slots: array<u32>;
+@group(0) @binding(4) var<uniform> acc_wave_params: AccumulateParams;
 
-fn routed_sum(h: u32, hidden: u32, n_used: u32) -> f32 {
+fn routed_sum(h: u32, token: u32, p: AccumulateParams) -> f32 {
+    let sel = p.sel_offset + token * (2u * p.n_used + 2u);
+    let out = token * p.n_used * p.hidden + h;
     var sum = 0.0;
-    for (var j = 0u; j < n_used; j++) {
-        sum += bitcast<f32>(acc_sel[n_used + j]) * acc_expert_out[j * hidden + h];
+    for (var j = 0u; j < p.n_used; j++) {
+        sum += bitcast<f32>(acc_sel[sel + p.n_used + j]) * acc_expert_out[out + j * p.hidden];
     }
     return sum;
 }
@@ -237,9 +262,10 @@ fn routed_sum(h: u32, hidden: u32, n_used: u32) -> f32 {
 fn moe_accumulate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let p = acc_params;
-    let h = linear_index(wg, n_wg, lid);
-    if (h < p.hidden && h < arrayLength(&acc_x)) {
-        acc_x[h] = acc_x[h] + (routed_sum(h, p.hidden, p.n_used) + acc_shared[h]);
+    let h = (wg.x + wg.y * n_wg.x) * 256u + lid;
+    let i = p.x_offset + wg.z * p.hidden + h;
+    if (h < p.hidden && i < arrayLength(&acc_x)) {
+        acc_x[i] = acc_x[i] + (routed_sum(h, wg.z, p) + acc_shared[wg.z * p.hidden + h]);
     }
 }
 
@@ -247,16 +273,127 @@ fn moe_accumulate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 fn moe_accumulate_routed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
     let p = acc_routed_params;
-    let h = linear_index(wg, n_wg, lid);
-    if (h < p.hidden && h < arrayLength(&acc_x)) {
-        acc_x[h] = acc_x[h] + routed_sum(h, p.hidden, p.n_used);
+    let h = (wg.x + wg.y * n_wg.x) * 256u + lid;
+    let i = p.x_offset + wg.z * p.hidden + h;
+    if (h < p.hidden && i < arrayLength(&acc_x)) {
+        acc_x[i] = acc_x[i] + routed_sum(h, wg.z, p);
     }
 }
 
-// ── add: x[i] += y[i] (residual adds) ──
+@compute @workgroup_size(256)
+fn moe_accumulate_wave(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    let p = acc_wave_params;
+    let h = (wg.x + wg.y * n_wg.x) * 256u + lid;
+    let i = p.x_offset + wg.z * p.hidden + h;
+    if (h >= p.hidden || i >= arrayLength(&acc_x)) { return; }
+    let sel = p.sel_offset + wg.z * (2u * p.n_used + 2u);
+    let out = wg.z * p.n_used * p.hidden + h;
+    var sum = 0.0;
+    for (var j = 0u; j < p.n_used; j++) {
+        if (acc_wave_slots[p.slot_base + acc_sel[sel + j]] != NONE) {
+            sum += bitcast<f32>(acc_sel[sel + p.n_used + j]) * acc_expert_out[out + j * p.hidden];
+        }
+    }
+    acc_x[i] = acc_x[i] + sum;
+}
+
+// ── moe_group: the (token, expert) pairs of a chunk grouped by expert, for matmul_experts ──
+// Pair p = t·n_used + j is token t's j-th selected expert. Writes into `group_out`: at list_at, the pairs sorted
+// by expert (in any order within an expert: each pair's products do not depend on its neighbours); at 4 + 4·i,
+// tile entry i = (pool slot, start in the list, pairs ≤ tile_tokens) for every expert that has a slot in
+// `group_slots` (slot_base + expert; NONE = not in the pool, or not in this wave) and pairs; at 0, the entries.
+// One workgroup.
+
+struct GroupParams {
+    tokens: u32,
+    n_used: u32,
+    sel_offset: u32,
+    n_expert: u32,
+    slot_base: u32,
+    tile_tokens: u32,
+    max_tiles: u32,
+    list_at: u32,
+}
+
+@group(0) @binding(0) var<storage, read> group_sel: array<u32>;
+@group(0) @binding(1) var<storage, read> group_slots: array<u32>;
+@group(0) @binding(2) var<storage, read_write> group_out: array<u32>;
+@group(0) @binding(3) var<uniform> group_params: GroupParams;
+
+var<workgroup> group_counts: array<atomic<u32>, MAX_EXPERTS>;
+var<workgroup> group_cursor: array<atomic<u32>, MAX_EXPERTS>;
+var<workgroup> group_start: array<u32, MAX_EXPERTS>;
+var<workgroup> group_first_tile: array<u32, MAX_EXPERTS>;
+
+fn store_group(i: u32, v: u32) {
+    if (i < arrayLength(&group_out)) { group_out[i] = v; }
+}
+
+fn pair_expert(pair: u32) -> u32 {
+    let p = group_params;
+    return group_sel[p.sel_offset + (pair / p.n_used) * (2u * p.n_used + 2u) + pair % p.n_used];
+}
+
+@compute @workgroup_size(256)
+fn moe_group(@builtin(local_invocation_index) lid: u32) {
+    let p = group_params;
+    let pairs = p.tokens * p.n_used;
+    for (var e = lid; e < p.n_expert; e += 256u) {
+        atomicStore(&group_counts[e], 0u);
+        atomicStore(&group_cursor[e], 0u);
+    }
+    workgroupBarrier();
+    for (var pair = lid; pair < pairs; pair += 256u) {
+        let e = pair_expert(pair);
+        if (e < p.n_expert) { atomicAdd(&group_counts[e], 1u); }
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var start = 0u;
+        var tiles = 0u;
+        for (var e = 0u; e < p.n_expert; e++) {
+            let n = atomicLoad(&group_counts[e]);
+            group_start[e] = start;
+            start += n;
+            group_first_tile[e] = tiles;
+            if (n > 0u && group_slots[p.slot_base + e] != NONE) {
+                tiles += (n + p.tile_tokens - 1u) / p.tile_tokens;
+            }
+        }
+        store_group(0u, min(tiles, p.max_tiles));
+    }
+    workgroupBarrier();
+    for (var e = lid; e < p.n_expert; e += 256u) {
+        let n = atomicLoad(&group_counts[e]);
+        let slot = group_slots[p.slot_base + e];
+        if (n > 0u && slot != NONE) {
+            for (var first = 0u; first < n; first += p.tile_tokens) {
+                let tile = group_first_tile[e] + first / p.tile_tokens;
+                if (tile < p.max_tiles) {
+                    store_group(4u + 4u * tile, slot);
+                    store_group(5u + 4u * tile, group_start[e] + first);
+                    store_group(6u + 4u * tile, min(p.tile_tokens, n - first));
+                    store_group(7u + 4u * tile, e);
+                }
+            }
+        }
+    }
+    for (var pair = lid; pair < pairs; pair += 256u) {
+        let e = pair_expert(pair);
+        if (e < p.n_expert) {
+            let at = group_start[e] + atomicAdd(&group_cursor[e], 1u);
+            if (at < pairs) { store_group(p.list_at + at, pair); }
+        }
+    }
+}
+
+// ── add: x[x_offset + i] += y[y_offset + i] (residual adds) ──
 
 struct AddParams {
     n: u32,
+    x_offset: u32,
+    y_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> add_x: array<f32>;
@@ -267,7 +404,8 @@ struct AddParams {
 fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
     let i = linear_index(wg, n_wg, lid);
-    if (i < add_params.n && i < arrayLength(&add_x)) {
-        add_x[i] += add_y[i];
+    let at = add_params.x_offset + i;
+    if (i < add_params.n && at < arrayLength(&add_x)) {
+        add_x[at] += add_y[add_params.y_offset + i];
     }
 }

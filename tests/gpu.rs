@@ -33,6 +33,21 @@ fn expert_matvec_reads_selected_slots() {
 }
 
 #[test]
+fn matmul_every_type_matches_reference() {
+    pollster::block_on(common::matmul::matmul_every_type_matches_reference(&gpu()));
+}
+
+#[test]
+fn batched_matmul_matches_reference() {
+    pollster::block_on(common::matmul::batched_matmul_matches_reference(&gpu()));
+}
+
+#[test]
+fn grouped_expert_matmul_reads_each_pairs_expert() {
+    pollster::block_on(common::matmul::grouped_expert_matmul_reads_each_pairs_expert(&gpu()));
+}
+
+#[test]
 fn rms_norm_and_argmax_match_reference() {
     pollster::block_on(common::matvec::rms_norm_and_argmax_match_reference(&gpu()));
 }

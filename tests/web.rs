@@ -195,6 +195,21 @@ async fn expert_matvec_reads_selected_slots() {
 }
 
 #[wasm_bindgen_test]
+async fn matmul_every_type_matches_reference() {
+    common::matmul::matmul_every_type_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn batched_matmul_matches_reference() {
+    common::matmul::batched_matmul_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn grouped_expert_matmul_reads_each_pairs_expert() {
+    common::matmul::grouped_expert_matmul_reads_each_pairs_expert(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn rms_norm_and_argmax_match_reference() {
     common::matvec::rms_norm_and_argmax_match_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }
@@ -1314,4 +1329,40 @@ async fn streamed_experts_give_the_resident_logits_in_browser() {
     let s = streamed.stats();
     log(&format!("browser streaming: pool of {} slots, hit rate {:.1}%, {} misses, {:.1} MB read", s.pool_slots, 100.0 * s.hit_rate(), s.misses, s.bytes_read as f64 / 1e6));
     assert_eq!(s.hits + s.misses, 5 * k * streamed.config.moe_layers().count() as u64);
+}
+
+/// The batched prefill in the browser: a prompt fed in chunks of 4 (experts resident, and streamed through a pool
+/// of one token's experts split over several buffers) gives the token-by-token logits, and so do the decode steps
+/// after it (the states agree).
+#[wasm_bindgen_test]
+async fn chunked_prefill_gives_the_token_by_token_logits_in_browser() {
+    use common::forward::{MAX_ABS, MAX_RMS};
+    use lingtab::engine::{Engine, EngineOptions};
+    use lingtab::source::{open_model, HttpSource};
+    let first = format!("{}/fixtures/tiny-ling/tiny-ling-00001-of-00002.gguf", test_server());
+    let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
+    let parts = || -> Vec<HttpSource> { lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(HttpSource::new).collect() };
+    let prompt = [2949u32, 3536, 786, 0, 571, 2730, 17, 900, 1500, 33];
+    let token_options = EngineOptions { prefill_chunk: Some(1), ..Default::default() };
+    let mut tokens = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &token_options).await.unwrap();
+    let want = tokens.feed(&prompt).await.unwrap();
+    let next = want.iter().enumerate().fold(0, |best, (i, &v)| if v > want[best] { i } else { best }) as u32;
+    let want_next = tokens.step(next).await.unwrap();
+    let slot = tokens.stats().slot_bytes;
+    let k = tokens.config.n_expert_used as u64;
+    drop(tokens);
+    let resident = EngineOptions { prefill_chunk: Some(4), ..Default::default() };
+    let streamed = EngineOptions { pool_bytes: Some(k * slot), max_binding: Some(256 << 10), ..resident.clone() };
+    for (what, options) in [("resident", resident), ("streamed", streamed)] {
+        let mut engine = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &options).await.unwrap();
+        assert_eq!(engine.prefill_chunk(), 4);
+        let got = engine.feed(&prompt).await.unwrap();
+        let got_next = engine.step(next).await.unwrap();
+        for (row, (a, b)) in [(&want, &got), (&want_next, &got_next)].into_iter().enumerate() {
+            let max = a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            let rms = (a.iter().zip(b.iter()).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt() as f32;
+            log(&format!("browser prefill, {what}, chunks of 4, row {row}: max |Δlogit| {max:.2e}, rms {rms:.2e}"));
+            assert!(max <= MAX_ABS && rms <= MAX_RMS, "{what} row {row}: max |Δ| {max:.2e}, rms {rms:.2e}");
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! Native command-line subcommands.
 
 pub mod bench;
+pub mod bench_prefill;
 pub mod bench_stream;
 pub mod dequant;
 pub mod generate;
@@ -96,6 +97,15 @@ enum Command {
         model: ModelArgs,
         #[command(flatten)]
         args: bench_stream::BenchStreamArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// One prompt fed token by token and in chunks (the batched prefill): prompt rate, µs/token/layer, bytes read
+    BenchPrefill {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        args: bench_prefill::BenchPrefillArgs,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -200,6 +210,12 @@ struct EngineArgs {
     /// How streamed experts reach the GPU: write (queue.writeBuffer) or staging (a mapped staging ring)
     #[arg(long, value_parser = crate::engine::Upload::parse)]
     upload: Option<crate::engine::Upload>,
+    /// Prompt tokens per chunk of the batched prefill (1: token by token)
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
+    /// Prompt tokens run layer by layer at once (a streamed MoE layer reads each expert they select once)
+    #[arg(long)]
+    prefill_span: Option<usize>,
 }
 
 impl EngineArgs {
@@ -211,6 +227,8 @@ impl EngineArgs {
         o.gpu_budget_bytes = self.gpu_budget;
         o.policy = self.policy;
         o.upload = self.upload;
+        o.prefill_chunk = self.prefill_chunk;
+        o.prefill_span = self.prefill_span;
         o
     }
 }
@@ -229,6 +247,7 @@ pub fn main() {
         Command::Bench { model, args, engine } => bench::run(&model.path(), &args, &engine.options()),
         Command::BenchKernels(args) => bench::kernels(&args),
         Command::BenchStream { model, args, engine } => bench_stream::run(&model.path(), &args, &engine.options()),
+        Command::BenchPrefill { model, args, engine } => bench_prefill::run(&model.path(), &args, &engine.options()),
         Command::Generate { args, engine } => {
             generate::generate(&args.gguf, &args.prompt, args.system.as_deref(), args.raw, &args.gen, &engine.options())
         }

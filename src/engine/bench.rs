@@ -113,7 +113,8 @@ pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gb
             if engine.is_streaming() {
                 engine.empty_pool()?;
             }
-            engine.set_prefill_chunk(chunk);
+            engine.set_prefill(chunk, None)?;
+            let chunk = engine.prefill_chunk();
             engine.reset_stats();
             let since = mark(engine);
             logits = engine.feed(&tokens).await?;

@@ -16,17 +16,17 @@ use crate::gpu::{dequant, kda, mla, moe, norm, Gpu, Pass};
 use crate::model::{Attention, Config};
 
 /// Per-layer state that outlives a step.
-enum LayerState {
+pub(super) enum LayerState {
     Kda { conv: wgpu::Buffer, recurrent: wgpu::Buffer, conv_w: wgpu::Buffer },
     Mla { cache: wgpu::Buffer },
 }
 
 /// Every GPU buffer a step uses: per-layer states, then scratch vectors reused by every layer.
 pub struct State {
-    layers: Vec<LayerState>,
+    pub(super) layers: Vec<LayerState>,
     pub vocab: usize,
     x: wgpu::Buffer,
-    h: wgpu::Buffer,
+    pub(super) h: wgpu::Buffer,
     attn_out: wgpu::Buffer,
     ffn_out: wgpu::Buffer,
     // KDA
@@ -337,7 +337,7 @@ async fn serve_layer(gpu: &Gpu, c: &Config, pool: &mut ExpertPool, cache: &mut E
     Ok(())
 }
 
-type TensorOf<'a> = dyn Fn(&str) -> Result<&'a GpuTensor, String> + 'a;
+pub(super) type TensorOf<'a> = dyn Fn(&str) -> Result<&'a GpuTensor, String> + 'a;
 
 #[allow(clippy::too_many_arguments)]
 fn kda_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, conv: &wgpu::Buffer, recurrent: &wgpu::Buffer, conv_w: &wgpu::Buffer) -> Result<(), String> {

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod cache;
 mod forward;
 pub mod pool;
+mod prefill;
 pub mod weights;
 
 use crate::gguf::SplitModel;
@@ -39,7 +40,16 @@ pub struct EngineOptions {
     pub policy: Option<Policy>,
     /// How streamed records reach the pool (default `writeBuffer`; see `bench-stream --uploads`).
     pub upload: Option<Upload>,
+    /// Tokens per chunk of the batched prefill ([`Engine::feed`]); 1 feeds the prompt token by token, like
+    /// [`Engine::step`]. Default [`DEFAULT_PREFILL_CHUNK`]; lowered to what the binding limit allows (token by
+    /// token when not even two tokens' scratch fits one binding).
+    pub prefill_chunk: Option<usize>,
+    /// Tokens the prefill runs layer by layer at once (a streamed MoE layer reads each expert they select once);
+    /// default [`DEFAULT_PREFILL_SPAN`], at least the chunk.
+    pub prefill_span: Option<usize>,
 }
+
+pub use prefill::{DEFAULT_CHUNK as DEFAULT_PREFILL_CHUNK, DEFAULT_SPAN as DEFAULT_PREFILL_SPAN};
 
 impl EngineOptions {
     /// Options from the environment: `LINGTAB_MAX_BINDING` (bytes) forces a small binding limit.
@@ -58,7 +68,7 @@ impl EngineOptions {
 pub struct GpuBytes {
     pub dense_weights: u64,
     pub expert_pool: u64,
-    /// KDA states, MLA caches and scratch vectors.
+    /// KDA states, MLA caches and scratch vectors (the prefill's too).
     pub states: u64,
 }
 
@@ -69,14 +79,20 @@ pub struct Engine {
     pool: ExpertPool,
     experts: Experts,
     state: State,
+    /// Scratch of the batched prefill (None: prompts go token by token).
+    prefill: Option<prefill::Prefill>,
     /// Tokens whose effect the states hold, in order; the next step is at position `tokens.len()`.
     tokens: Vec<u32>,
     pub n_ctx: usize,
     stats: CacheStats,
     expert_tensors: ExpertTensors,
     max_binding: u64,
-    /// Prompt tokens per prefill pass (1: token by token).
-    prefill_chunk: usize,
+}
+
+/// The states of a sequence and the prefill's scratch, as loaded.
+struct Dense {
+    state: State,
+    prefill: Option<prefill::Prefill>,
 }
 
 /// Slots of the expert pool the options ask for (every expert when they ask for nothing).
@@ -143,6 +159,7 @@ impl Plan {
         }
         let dense = crate::model::layout::Totals::of(&config, model).dense_bytes;
         let tensors = ExpertTensors::of(&config, model)?;
+        let states = states + prefill::Prefill::bytes_needed(&config, options.prefill_chunk, options.prefill_span, n_ctx, max_binding);
         let slots = pool_slots(&config, &tensors, dense, states, options)?;
         Ok(Plan { config, tensors, n_ctx, max_binding, dense, states, slots })
     }
@@ -161,17 +178,19 @@ impl Plan {
 }
 
 impl Engine {
-    /// Dense weights and states (the pool is the caller's).
-    async fn load_dense<S: RangeSource>(gpu: &Gpu, plan: &Plan, model: &SplitModel, parts: &[S], checks: Option<&StoreChecks>) -> Result<(Weights, State), String> {
+    /// Dense weights, states and the prefill's scratch (the pool is the caller's).
+    async fn load_dense<S: RangeSource>(gpu: &Gpu, plan: &Plan, model: &SplitModel, parts: &[S], checks: Option<&StoreChecks>, options: &EngineOptions) -> Result<(Weights, Dense), String> {
         let weights = Weights::load(gpu, &plan.config, model, plan.max_binding, parts, checks).await?;
         let state = State::new(gpu, &plan.config, &weights, plan.n_ctx)?;
-        Ok((weights, state))
+        let prefill = prefill::Prefill::for_options(gpu, &plan.config, options.prefill_chunk, options.prefill_span, plan.n_ctx, plan.max_binding);
+        Ok((weights, Dense { state, prefill }))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, state: State, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
+    fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, dense: Dense, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
         let stats = CacheStats::new(policy, pool.n_slots, pool.slot_bytes, config.n_layer);
-        Engine { gpu, config, weights, pool, experts, state, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding, prefill_chunk: 1 }
+        let Dense { state, prefill } = dense;
+        Engine { gpu, config, weights, pool, experts, state, prefill, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding }
     }
 
     /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
@@ -183,7 +202,7 @@ impl Engine {
         }
         let loaded = gpu
             .catching(|e| plan.explain(e), async {
-                let (weights, state) = Self::load_dense(&gpu, &plan, model, parts, None).await?;
+                let (weights, state) = Self::load_dense(&gpu, &plan, model, parts, None, options).await?;
                 let reader = PartsReader { parts: parts.iter().collect::<Vec<&S>>(), tensors: plan.tensors.clone(), checks: None };
                 let pool = ExpertPool::load_resident(&gpu, &plan.tensors, plan.config.n_layer, plan.max_binding, &reader).await?;
                 Ok((weights, state, pool))
@@ -208,7 +227,7 @@ impl Engine {
         let policy = options.policy.unwrap_or(Policy::DEFAULT);
         let loaded = gpu
             .catching(|e| plan.explain(e), async {
-                let (weights, state) = Self::load_dense(&gpu, &plan, model, &parts, checks.as_ref()).await?;
+                let (weights, state) = Self::load_dense(&gpu, &plan, model, &parts, checks.as_ref(), options).await?;
                 let reader = PartsReader { parts, tensors: plan.tensors.clone(), checks: checks.map(std::rc::Rc::new) };
                 if slots as u64 >= plan.tensors.total() {
                     let pool = ExpertPool::load_resident(&gpu, &plan.tensors, plan.config.n_layer, plan.max_binding, &reader).await?;
@@ -249,11 +268,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Prompt tokens per prefill pass; 1 runs the prompt token by token.
-    pub fn set_prefill_chunk(&mut self, tokens: usize) {
-        self.prefill_chunk = tokens.max(1);
-    }
-
     /// Empties a streaming engine's pool (same size, policy and upload path), so a run starts cold.
     pub fn empty_pool(&mut self) -> Result<(), String> {
         let Experts::Streaming { cache, .. } = &self.experts else { return Ok(()) };
@@ -281,7 +295,8 @@ impl Engine {
     }
 
     pub fn gpu_bytes(&self) -> GpuBytes {
-        GpuBytes { dense_weights: self.weights.bytes, expert_pool: self.pool.gpu_bytes(), states: self.state.bytes }
+        let prefill = self.prefill.as_ref().map_or(0, |p| p.bytes);
+        GpuBytes { dense_weights: self.weights.bytes, expert_pool: self.pool.gpu_bytes(), states: self.state.bytes + prefill }
     }
 
     /// Bytes one decode step must read at the least: every dense tensor once (the embedding table only its
@@ -358,8 +373,8 @@ impl Engine {
         Ok(u32::from_le_bytes(bytes[..4].try_into().unwrap()))
     }
 
-    /// The routing of the last step, per MoE layer (read back from the GPU; for checks against references,
-    /// where a near-tie in routing may legitimately go the other way).
+    /// The routing of the last decode step, per MoE layer (read back from the GPU; for checks against references,
+    /// where a near-tie in routing may legitimately go the other way). A chunked prefill does not update it.
     pub async fn last_routing(&self) -> Result<Vec<(usize, Selection)>, String> {
         let k = self.config.n_expert_used as u32;
         let mut out = Vec::new();
@@ -389,9 +404,56 @@ impl Engine {
             self.reset();
         }
         let start = self.tokens.len();
+        if self.prefill.is_some() && tokens.len() - start > 1 {
+            self.prefill(&tokens[start..]).await?;
+            self.stats.syncs += 1;
+            let bytes = self.gpu.read_back(&self.state.logits, self.state.vocab as u64 * 4).await.map_err(|e| e.0)?;
+            return Ok(bytemuck::pod_collect_to_vec(&bytes[..self.state.vocab * 4]));
+        }
         for &t in &tokens[start..tokens.len() - 1] {
             self.advance(t).await?;
         }
         self.step(tokens[tokens.len() - 1]).await
+    }
+
+    /// Tokens per chunk of the batched prefill (1: prompts go token by token).
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill.as_ref().map_or(1, |p| p.chunk)
+    }
+
+    /// Tokens per span of the batched prefill (run layer by layer at once).
+    pub fn prefill_span(&self) -> usize {
+        self.prefill.as_ref().map_or(1, |p| p.span)
+    }
+
+    /// New prefill scratch for chunks of `chunk` tokens and spans of `span` (1: token by token; benchmarks compare
+    /// both on one load). The sequence starts over.
+    pub fn set_prefill(&mut self, chunk: usize, span: Option<usize>) -> Result<(), String> {
+        self.prefill = None;
+        self.prefill = prefill::Prefill::for_options(&self.gpu, &self.config, Some(chunk), span, self.n_ctx, self.max_binding);
+        self.reset();
+        Ok(())
+    }
+
+    /// Runs `tokens` at the next positions with the batched prefill, span by span; the logits of the last land
+    /// in the states' logits buffer. A failure part-way forgets the sequence, like [`Engine::advance`].
+    async fn prefill(&mut self, tokens: &[u32]) -> Result<(), String> {
+        if self.tokens.len() + tokens.len() > self.n_ctx {
+            return Err(format!("{} more tokens do not fit the context ({} of {} used)", tokens.len(), self.tokens.len(), self.n_ctx));
+        }
+        self.gpu.check().map_err(|e| e.0)?;
+        let scratch = self.prefill.as_ref().expect("prefill scratch");
+        let span = prefill::Span { gpu: &self.gpu, config: &self.config, weights: &self.weights, state: &self.state, scratch };
+        for part in tokens.chunks(scratch.span) {
+            let pos = self.tokens.len() as u32;
+            if let Err(e) = prefill::run_span(&span, &mut self.pool, &mut self.experts, &mut self.stats, part, pos).await {
+                self.state.clear(&self.gpu);
+                self.tokens.clear();
+                return Err(e);
+            }
+            self.tokens.extend_from_slice(part);
+            self.stats.tokens += part.len() as u64;
+        }
+        Ok(())
     }
 }

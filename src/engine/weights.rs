@@ -2,6 +2,7 @@
 //! limit is split into row ranges, each its own buffer, so no kernel ever binds more than allowed.
 
 use crate::gguf::{SplitModel, SplitTensor};
+use crate::gpu::matmul::{self, Rows};
 use crate::gpu::matvec::{self, Matrix};
 use crate::gpu::{Gpu, Pass};
 use crate::model::layout::{role, Role};
@@ -50,6 +51,15 @@ impl GpuTensor {
         for p in &self.pieces {
             let m = Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 };
             matvec::matvec(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32);
+        }
+    }
+    /// For each of `tokens` tokens t: `y[y_at.offset + t·y_at.stride + r] = (W·x_t)[r]`, x_t at `x_at`; one
+    /// dispatch per piece.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(&self, gpu: &Gpu, pass: &mut Pass, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows) {
+        for p in &self.pieces {
+            let m = Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 };
+            matmul::matmul(gpu, pass, &p.buffer, m, tokens, x, x_at, y, Rows::new(y_at.offset + p.first_row as u32, y_at.stride));
         }
     }
 }

@@ -19,6 +19,17 @@ pub fn record(gpu: &Gpu, pass: &mut Pass, weights: &wgpu::Buffer, ty: GgmlType, 
     pass.dispatch(gpu, &kernel, &[weights, dst], &[P::U(n), P::U(byte_offset as u32), P::U(ty.id()), P::U(dst_offset)], n.div_ceil(256));
 }
 
+/// The embedding rows of `tokens` token ids (`ids`, u32) that lie in `weights`, a piece of a tensor holding rows
+/// `first_row .. first_row + rows` of `row_bytes` bytes: token t's row of `n` values lands in
+/// `dst[dst_offset + t·n ..]`. Call once per piece; each token is written by the piece that has its row.
+#[allow(clippy::too_many_arguments)]
+pub fn record_rows(gpu: &Gpu, pass: &mut Pass, weights: &wgpu::Buffer, ty: GgmlType, row_bytes: u64, first_row: u64, rows: u64, ids: &wgpu::Buffer, tokens: u32, n: u32, dst: &wgpu::Buffer, dst_offset: u32) {
+    let kernel = gpu.kernel("dequant.wgsl", SHADER, "dequant_rows");
+    let params = [P::U(n), P::U(row_bytes as u32), P::U(ty.id()), P::U(dst_offset), P::U(first_row as u32), P::U(rows as u32), P::U(tokens)];
+    let (x, y) = gpu.grid(n.div_ceil(256));
+    pass.dispatch_3d(gpu, &kernel, &[weights, dst, ids], &params, (x, y, tokens));
+}
+
 /// Dequantises whole blocks of `ty` on the GPU. The output buffer is poisoned with NaN first, so an element
 /// the kernel fails to write shows up in the result.
 pub async fn dequantize(gpu: &Gpu, ty: GgmlType, blocks: &[u8]) -> Result<Vec<f32>, GpuError> {

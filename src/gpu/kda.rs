@@ -57,15 +57,21 @@ pub fn gates(
     head_dim: u32,
     lower_bound: f32,
 ) {
+    gates_tokens(gpu, pass, fa, dt_bias, a, beta_logits, gb, n_head, head_dim, lower_bound, 1);
+}
+
+/// [`gates`] for `tokens` tokens: token t's `fa` at `t·D`, β logits at `t·n_head`, outputs at `t·(D + n_head)`.
+#[allow(clippy::too_many_arguments)]
+pub fn gates_tokens(gpu: &Gpu, pass: &mut Pass, fa: &wgpu::Buffer, dt_bias: &wgpu::Buffer, a: &wgpu::Buffer, beta_logits: &wgpu::Buffer, gb: &wgpu::Buffer, n_head: u32, head_dim: u32, lower_bound: f32, tokens: u32) {
     let dim = n_head * head_dim;
-    expect_floats(fa, dim, "forget-gate projection");
+    expect_floats(fa, tokens * dim, "forget-gate projection");
     expect_floats(dt_bias, dim, "dt bias");
     expect_floats(a, n_head, "ssm_a");
-    expect_floats(beta_logits, n_head, "β logits");
-    expect_floats(gb, dim + n_head, "gates output");
+    expect_floats(beta_logits, tokens * n_head, "β logits");
+    expect_floats(gb, tokens * (dim + n_head), "gates output");
     let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_gates");
-    let params = [P::U(n_head), P::U(head_dim), P::F(lower_bound)];
-    pass.dispatch(gpu, &kernel, &[fa, dt_bias, a, beta_logits, gb], &params, dim.div_ceil(WORKGROUP));
+    let params = [P::U(n_head), P::U(head_dim), P::F(lower_bound), P::U(tokens)];
+    pass.dispatch_3d(gpu, &kernel, &[fa, dt_bias, a, beta_logits, gb], &params, (dim.div_ceil(WORKGROUP), 1, tokens));
 }
 
 /// The gated delta rule for one token, one workgroup per head (ggml's fused `gated_delta_net`, KDA branch).
@@ -106,4 +112,44 @@ pub fn head_norm_gate(gpu: &Gpu, pass: &mut Pass, o: &wgpu::Buffer, norm_w: &wgp
     expect_floats(y, dim, "normed output");
     let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_head_norm_gate");
     pass.dispatch(gpu, &kernel, &[o, norm_w, z, y], &[P::U(n_head), P::U(head_dim), P::F(eps)], n_head);
+}
+
+/// [`conv`] through `tokens` tokens in order (equal to `tokens` calls): token t's inputs at `x[t·channels ..]`,
+/// its outputs at `y[t·channels ..]`; `state` carries in and out.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_tokens(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, w: &wgpu::Buffer, state: &wgpu::Buffer, y: &wgpu::Buffer, channels: u32, kernel_size: u32, tokens: u32) {
+    assert!((2..=8).contains(&kernel_size), "KDA conv kernel size {kernel_size} is outside 2..=8");
+    expect_floats(x, tokens * channels, "conv input");
+    expect_floats(w, kernel_size * channels, "conv weights");
+    expect_floats(state, (kernel_size - 1) * channels, "conv state");
+    expect_floats(y, tokens * channels, "conv output");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_conv_chunk");
+    pass.dispatch(gpu, &kernel, &[x, w, state, y], &[P::U(channels), P::U(kernel_size), P::U(tokens)], channels.div_ceil(WORKGROUP));
+}
+
+/// The L2 norm of [`delta`], in place: q and k of each head of each of `tokens` tokens (token t's `[q | k | v]`
+/// at `qkv[t·3D ..]`) become `x / max(‖x‖₂, eps)`; v is left alone.
+pub fn qk_norm_tokens(gpu: &Gpu, pass: &mut Pass, qkv: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32, tokens: u32) {
+    expect_head_dim(head_dim);
+    expect_floats(qkv, tokens * 3 * n_head * head_dim, "q|k|v");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_qk_norm");
+    pass.dispatch(gpu, &kernel, &[qkv], &[P::U(n_head), P::U(head_dim), P::F(eps), P::U(tokens)], n_head * tokens);
+}
+
+/// Value columns per workgroup of `kda_delta_chunk`.
+const DELTA_COLUMNS: u32 = 32;
+
+/// [`delta`] through `tokens` tokens in order (equal to `tokens` calls), q and k already normalised by
+/// [`qk_norm_tokens`]: token t's `[q̂ | k̂ | v]` at `qkv[t·3D ..]`, its gates at `gb[t·(D + n_head) ..]`, its output at
+/// `o[t·D ..]`; `state` carries in and out. `head_dim` ≤ 256.
+#[allow(clippy::too_many_arguments)]
+pub fn delta_tokens(gpu: &Gpu, pass: &mut Pass, qkv: &wgpu::Buffer, gb: &wgpu::Buffer, state: &wgpu::Buffer, o: &wgpu::Buffer, n_head: u32, head_dim: u32, tokens: u32) {
+    expect_head_dim(head_dim);
+    let dim = n_head * head_dim;
+    expect_floats(qkv, tokens * 3 * dim, "q|k|v");
+    expect_floats(gb, tokens * (dim + n_head), "gates");
+    expect_floats(state, dim * head_dim, "delta state");
+    expect_floats(o, tokens * dim, "delta output");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_delta_chunk");
+    pass.dispatch_3d(gpu, &kernel, &[qkv, gb, state, o], &[P::U(n_head), P::U(head_dim), P::U(tokens)], (head_dim.div_ceil(DELTA_COLUMNS), n_head, 1));
 }

@@ -41,11 +41,18 @@ pub fn kv_row(
     eps: f32,
     rope_base: f32,
 ) {
+    kv_rows(gpu, pass, kv, norm_w, cache, pos, 1, rank, rope_dim, eps, rope_base);
+}
+
+/// [`kv_row`] for `tokens` tokens: token t's `kv` at `kv[t·(rank + rope_dim) ..]` becomes cache row `pos + t`.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_rows(gpu: &Gpu, pass: &mut Pass, kv: &wgpu::Buffer, norm_w: &wgpu::Buffer, cache: &wgpu::Buffer, pos: u32, tokens: u32, rank: u32, rope_dim: u32, eps: f32, rope_base: f32) {
     assert!(rope_dim % 2 == 0, "RoPE dims come in pairs");
-    assert_cache_holds(cache, pos, rank, rope_dim);
+    assert!(tokens >= 1);
+    assert_cache_holds(cache, pos + tokens - 1, rank, rope_dim);
     let kernel = gpu.kernel(LABEL, SHADER, "mla_kv_row");
-    let params = [P::U(pos), P::U(rank), P::U(rope_dim), P::F(eps), P::F(rope_step(rope_base, rope_dim))];
-    pass.dispatch(gpu, &kernel, &[kv, norm_w, cache], &params, 1);
+    let params = [P::U(pos), P::U(rank), P::U(rope_dim), P::F(eps), P::F(rope_step(rope_base, rope_dim)), P::U(tokens)];
+    pass.dispatch(gpu, &kernel, &[kv, norm_w, cache], &params, tokens);
 }
 
 /// RoPE of every head's q_pe into the tail of its absorbed query row: `q_abs[h·(rank + rope_dim) + rank ..]
@@ -67,10 +74,17 @@ pub fn rope_q(
     rank: u32,
     rope_base: f32,
 ) {
+    rope_q_tokens(gpu, pass, q, q_abs, pos, 1, n_head, d_nope, rope_dim, rank, rope_base);
+}
+
+/// [`rope_q`] for `tokens` tokens at positions `pos + t`: token t's q at `q[t·n_head·(d_nope + rope_dim) ..]`,
+/// its absorbed rows at `q_abs[t·n_head·(rank + rope_dim) ..]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_q_tokens(gpu: &Gpu, pass: &mut Pass, q: &wgpu::Buffer, q_abs: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, d_nope: u32, rope_dim: u32, rank: u32, rope_base: f32) {
     assert!(rope_dim % 2 == 0, "RoPE dims come in pairs");
     let kernel = gpu.kernel(LABEL, SHADER, "mla_rope_q");
-    let params = [P::U(pos), P::U(n_head), P::U(d_nope), P::U(rank), P::U(rope_dim), P::F(rope_step(rope_base, rope_dim))];
-    pass.dispatch(gpu, &kernel, &[q, q_abs], &params, (n_head * rope_dim / 2).div_ceil(64));
+    let params = [P::U(pos), P::U(n_head), P::U(d_nope), P::U(rank), P::U(rope_dim), P::F(rope_step(rope_base, rope_dim)), P::U(tokens)];
+    pass.dispatch_3d(gpu, &kernel, &[q, q_abs], &params, ((n_head * rope_dim / 2).div_ceil(64), 1, tokens));
 }
 
 /// Causal attention of every head over cache rows `0..=pos`: `s_t = (q_abs_h · cache_t)/√d_qk` over all
@@ -93,12 +107,21 @@ pub fn attention(
     rope_dim: u32,
     d_qk: u32,
 ) {
-    assert_cache_holds(cache, pos, rank, rope_dim);
+    attention_tokens(gpu, pass, q_abs, cache, out, pos, 1, n_head, rank, rope_dim, d_qk);
+}
+
+/// [`attention`] for `tokens` tokens of a chunk, causally: token t (position `pos + t`) attends cache rows
+/// `0..=pos + t`; its queries at `q_abs[t·n_head·(rank + rope_dim) ..]`, its outputs at `out[t·n_head·rank ..]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_tokens(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32) {
+    assert!(tokens >= 1);
+    assert_cache_holds(cache, pos + tokens - 1, rank, rope_dim);
     assert!(rank <= MAX_RANK, "kv_lora_rank {rank} > {MAX_RANK}");
     let kernel = gpu.kernel(LABEL, SHADER, "mla_attention");
     let scale = 1.0 / (d_qk as f32).sqrt(); // llama.cpp: kq_scale = 1.0f/sqrtf(float(n_embd_head_k_mla))
-    let params = [P::U(pos), P::U(n_head), P::U(rank), P::U(rope_dim), P::F(scale)];
-    pass.dispatch(gpu, &kernel, &[q_abs, cache, out], &params, n_head);
+    let params = [P::U(pos), P::U(n_head), P::U(rank), P::U(rope_dim), P::F(scale), P::U(tokens)];
+    let (x, y) = gpu.grid(n_head);
+    pass.dispatch_3d(gpu, &kernel, &[q_abs, cache, out], &params, (x, y, tokens));
 }
 
 /// The head-wise gate, in place: `o[h·d_v + a] *= σ(gate_logits[h])`.

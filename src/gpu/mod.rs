@@ -5,6 +5,7 @@ pub mod bandwidth;
 pub mod dequant;
 pub mod kda;
 pub mod kernel;
+pub mod matmul;
 pub mod matvec;
 pub mod mla;
 pub mod moe;
@@ -79,7 +80,7 @@ fn check_limits(limits: &wgpu::Limits) -> Result<(), GpuError> {
         ("maxStorageBuffersPerShaderStage", limits.max_storage_buffers_per_shader_stage, 5),
         ("maxComputeInvocationsPerWorkgroup", limits.max_compute_invocations_per_workgroup, 256),
         ("maxComputeWorkgroupSizeX", limits.max_compute_workgroup_size_x, 256),
-        ("maxComputeWorkgroupStorageSize", limits.max_compute_workgroup_storage_size, 8192),
+        ("maxComputeWorkgroupStorageSize", limits.max_compute_workgroup_storage_size, 16384),
         ("maxComputeWorkgroupsPerDimension", limits.max_compute_workgroups_per_dimension, 1024),
     ];
     for (name, have, need) in needs {

@@ -65,6 +65,27 @@ pub fn route(
     norm: bool,
     scale: f32,
 ) {
+    route_tokens(gpu, pass, logits, bias, sel, 0, 1, n_expert, n_used, n_group, n_group_used, norm, scale);
+}
+
+/// [`route`] for `tokens` tokens: token t's logits at `logits[t·n_expert ..]`, its selection at word
+/// `sel_offset + t·`[`selection_words`]`(n_used)` of `sel`.
+#[allow(clippy::too_many_arguments)]
+pub fn route_tokens(
+    gpu: &Gpu,
+    pass: &mut Pass,
+    logits: &wgpu::Buffer,
+    bias: &wgpu::Buffer,
+    sel: &wgpu::Buffer,
+    sel_offset: u32,
+    tokens: u32,
+    n_expert: u32,
+    n_used: u32,
+    n_group: u32,
+    n_group_used: u32,
+    norm: bool,
+    scale: f32,
+) {
     assert!((1..=MAX_EXPERTS).contains(&n_expert), "{n_expert} experts (1..={MAX_EXPERTS})");
     assert!((1..=MAX_GROUPS).contains(&n_group) && n_expert % n_group == 0, "{n_expert} experts in {n_group} groups");
     assert!((1..=n_group).contains(&n_group_used), "{n_group_used} of {n_group} groups");
@@ -72,8 +93,8 @@ pub fn route(
     assert!((1..=MAX_USED).contains(&n_used), "{n_used} experts per token (1..={MAX_USED})");
     assert!(n_used <= n_group_used * (n_expert / n_group), "{n_used} experts from {n_group_used} groups of {}", n_expert / n_group);
     let kernel = gpu.kernel(LABEL, SHADER, "moe_route");
-    let params = [P::U(n_expert), P::U(n_used), P::U(n_group), P::U(n_group_used), P::U(norm as u32), P::F(scale)];
-    pass.dispatch(gpu, &kernel, &[logits, bias, sel], &params, 1);
+    let params = [P::U(n_expert), P::U(n_used), P::U(n_group), P::U(n_group_used), P::U(norm as u32), P::F(scale), P::U(tokens), P::U(sel_offset)];
+    pass.dispatch(gpu, &kernel, &[logits, bias, sel], &params, tokens);
 }
 
 /// The gated activation of `n` FFNs (experts, or 1 for a dense/shared FFN):
@@ -105,8 +126,45 @@ pub fn accumulate(
     hidden: u32,
     n_used: u32,
 ) {
+    accumulate_tokens(gpu, pass, expert_out, sel, 0, shared, x, 0, hidden, n_used, 1);
+}
+
+/// [`accumulate`] for `tokens` tokens of a chunk: token t's expert outputs at `expert_out[t·n_used·hidden ..]`,
+/// its selection at word `sel_offset + t·`[`selection_words`]`(n_used)`, its shared output at `shared[t·hidden ..]`
+/// and its residual row at `x[x_offset + t·hidden ..]`.
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_tokens(gpu: &Gpu, pass: &mut Pass, expert_out: &wgpu::Buffer, sel: &wgpu::Buffer, sel_offset: u32, shared: &wgpu::Buffer, x: &wgpu::Buffer, x_offset: u32, hidden: u32, n_used: u32, tokens: u32) {
     let kernel = gpu.kernel(LABEL, SHADER, "moe_accumulate");
-    pass.dispatch(gpu, &kernel, &[expert_out, sel, x, shared], &[P::U(hidden), P::U(n_used)], hidden.div_ceil(256));
+    let params = [P::U(hidden), P::U(n_used), P::U(x_offset), P::U(sel_offset), P::U(0)];
+    pass.dispatch_3d(gpu, &kernel, &[expert_out, sel, x, shared], &params, (hidden.div_ceil(256), 1, tokens));
+}
+
+/// One wave of a streamed prefill: `x[x_offset + t·hidden + h] += Σ_j w_j·expert_out[(t·n_used + j)·hidden + h]`
+/// over the selected experts j that `wave_slots[slot_base + expert]` maps (the experts computed in this wave).
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_wave(gpu: &Gpu, pass: &mut Pass, expert_out: &wgpu::Buffer, sel: &wgpu::Buffer, sel_offset: u32, wave_slots: &wgpu::Buffer, slot_base: u32, x: &wgpu::Buffer, x_offset: u32, hidden: u32, n_used: u32, tokens: u32) {
+    let kernel = gpu.kernel(LABEL, SHADER, "moe_accumulate_wave");
+    let params = [P::U(hidden), P::U(n_used), P::U(x_offset), P::U(sel_offset), P::U(slot_base)];
+    pass.dispatch_3d(gpu, &kernel, &[expert_out, sel, x, wave_slots], &params, (hidden.div_ceil(256), 1, tokens));
+}
+
+/// Groups the (token, expert) pairs of `tokens` tokens by expert for [`super::matmul::experts`]: reads the
+/// selections at word `sel_offset` of `sel`, looks experts up in `slots[slot_base + e]` (u32::MAX: skipped), and
+/// writes into `groups` the tile entries (at most `max_tiles`) and, at word `list_at`, the pairs by expert.
+/// `groups` holds `list_at + tokens·n_used` words; `list_at` = 4 + 4·`max_tiles`.
+#[allow(clippy::too_many_arguments)]
+pub fn group(gpu: &Gpu, pass: &mut Pass, sel: &wgpu::Buffer, sel_offset: u32, tokens: u32, n_used: u32, n_expert: u32, slots: &wgpu::Buffer, slot_base: u32, tile_tokens: u32, max_tiles: u32, groups: &wgpu::Buffer) {
+    assert!((1..=MAX_EXPERTS).contains(&n_expert), "{n_expert} experts (1..={MAX_EXPERTS})");
+    let list_at = group_list_at(max_tiles);
+    assert!(groups.size() >= (list_at as u64 + (tokens * n_used) as u64) * 4, "group buffer too small");
+    let kernel = gpu.kernel(LABEL, SHADER, "moe_group");
+    let params = [P::U(tokens), P::U(n_used), P::U(sel_offset), P::U(n_expert), P::U(slot_base), P::U(tile_tokens), P::U(max_tiles), P::U(list_at)];
+    pass.dispatch(gpu, &kernel, &[sel, slots, groups], &params, 1);
+}
+
+/// Word offset of the pair list in a group buffer of `max_tiles` entries.
+pub fn group_list_at(max_tiles: u32) -> u32 {
+    4 + 4 * max_tiles
 }
 
 /// [`accumulate`] for a model without a shared expert: `x[h] += Σ_j w_j·expert_out[j·hidden + h]`.
@@ -120,11 +178,16 @@ pub fn accumulate_routed(
     n_used: u32,
 ) {
     let kernel = gpu.kernel(LABEL, SHADER, "moe_accumulate_routed");
-    pass.dispatch(gpu, &kernel, &[expert_out, sel, x], &[P::U(hidden), P::U(n_used)], hidden.div_ceil(256));
+    pass.dispatch(gpu, &kernel, &[expert_out, sel, x], &[P::U(hidden), P::U(n_used), P::U(0), P::U(0), P::U(0)], hidden.div_ceil(256));
 }
 
 /// `x[i] += y[i]` for `i < n` (residual adds).
 pub fn add(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, y: &wgpu::Buffer, n: u32) {
+    add_at(gpu, pass, x, 0, y, 0, n);
+}
+
+/// `x[x_offset + i] += y[y_offset + i]` for `i < n`.
+pub fn add_at(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_offset: u32, y: &wgpu::Buffer, y_offset: u32, n: u32) {
     let kernel = gpu.kernel(LABEL, SHADER, "add");
-    pass.dispatch(gpu, &kernel, &[x, y], &[P::U(n)], n.div_ceil(256));
+    pass.dispatch(gpu, &kernel, &[x, y], &[P::U(n), P::U(x_offset), P::U(y_offset)], n.div_ceil(256));
 }

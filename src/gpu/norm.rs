@@ -8,8 +8,15 @@ const ARGMAX: &str = include_str!("../../shaders/argmax.wgsl");
 /// y[y_at + i] = x[x_at + i] / √(mean x² + ε) · w[i] for i < n.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, w: &wgpu::Buffer, y: &wgpu::Buffer, y_at: u32, n: u32, eps: f32) {
+    rms_norm_rows(gpu, pass, x, x_at, n, w, y, y_at, n, n, eps, 1);
+}
+
+/// [`rms_norm`] of `rows` rows: row t from `x[x_at + t·x_stride ..]` into `y[y_at + t·y_stride ..]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_rows(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, x_stride: u32, w: &wgpu::Buffer, y: &wgpu::Buffer, y_at: u32, y_stride: u32, n: u32, eps: f32, rows: u32) {
     let kernel = gpu.kernel("norm.wgsl", NORM, "rms_norm");
-    pass.dispatch(gpu, &kernel, &[x, w, y], &[P::U(n), P::F(eps), P::U(x_at), P::U(y_at)], 1);
+    let params = [P::U(n), P::F(eps), P::U(x_at), P::U(y_at), P::U(rows), P::U(x_stride), P::U(y_stride)];
+    pass.dispatch(gpu, &kernel, &[x, w, y], &params, rows);
 }
 
 /// out[0] = argmax of x[0..n) (lowest index on ties), out[1] = the maximum's f32 bits.

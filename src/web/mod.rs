@@ -51,6 +51,8 @@ export interface LoadOptions {
    * 0 reads in the engine's own thread). Where reader workers are not available (no read-only sync access
    * handles, a page policy against blob: workers) one reader is used, with a note in the console. */
   readers?: number;
+  /** Prompt tokens per chunk of the batched prefill (default 256; 1 feeds prompts token by token). */
+  prefillChunk?: number;
   /** Called as the weights arrive. */
   onProgress?: (progress: LoadProgress) => void;
   /** Aborts the load. */
@@ -368,6 +370,7 @@ impl Engine {
         engine_options.max_binding = positive("maxBindingBytes")?;
         engine_options.pool_bytes = positive("poolBytes")?;
         engine_options.gpu_budget_bytes = positive("gpuBudgetBytes")?;
+        engine_options.prefill_chunk = positive("prefillChunk")?.map(|x| x as usize);
         if let Some(p) = get(&options, "policy") {
             let p = p.as_string().ok_or_else(|| js_error("options.policy must be \"lru\", \"hot\" or \"hot:DECAY\""))?;
             engine_options.policy = Some(crate::engine::Policy::parse(&p).map_err(js_error)?);

@@ -8,6 +8,7 @@ pub mod dequant;
 pub mod fixture;
 pub mod forward;
 pub mod kda;
+pub mod matmul;
 pub mod matvec;
 pub mod mla_moe;
 

@@ -1,0 +1,337 @@
+// Matrix-matrix products over ggml rows read straight from their GGUF bytes, for a chunk of tokens:
+// Y[t][r] = Σ_i W[r, i]·X[t][i]. Two tilings, both stepping through the columns 32 at a time (one sub-block in
+// every block format), so a weight is decoded once per tile of tokens instead of once per token:
+//   * wide tiles (many tokens): 64 rows × 64 tokens per workgroup; per step the workgroup decodes the tile's
+//     weights once into workgroup memory (8 values per invocation) beside the tokens' inputs, and each
+//     invocation accumulates 4 rows × 4 tokens. 16 KiB of workgroup memory (WebGPU's default limit).
+//   * row tiles (a few tokens): 128 rows × 16 tokens per workgroup; each invocation decodes 32 values of its own
+//     row into registers and applies them to the (up to) 16 tokens' inputs in workgroup memory (2 KiB).
+// Entry points (grid x: row tile):
+//   matmul          wide; grid (row tile, token tile, batch b): the matrix at w_offset + b·w_stride bytes; token t
+//                   reads x[x_offset + b·x_batch + t·x_stride ..], writes y[y_offset + b·y_batch + t·y_stride + r]
+//                   (one matrix, or one per head for MLA's absorbed products).
+//   matmul_rows     the same with row tiles.
+//   matmul_experts  row tiles; grid (row tile, entry of the tile list written by moe_group): the entry's expert is
+//                   read from its pool slot; the entry's tokens are pairs p = token·k + j from the list, reading x
+//                   row p / x_div (at x_offset + row·x_stride) and writing y row p (at y_offset + p·y_stride).
+// Prepended with quant.wgsl. Every write is bounds-checked.
+
+const TILE_ROWS: u32 = 64u;
+const TILE_TOKENS: u32 = 64u;
+const STEP: u32 = 32u;
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    row_bytes: u32,
+    ty: u32,
+    w_offset: u32,
+    w_stride: u32,
+    x_offset: u32,
+    x_stride: u32,
+    x_batch: u32,
+    y_offset: u32,
+    y_stride: u32,
+    y_batch: u32,
+    tokens: u32,
+    // experts only
+    slot_bytes: u32,
+    slots_per_chunk: u32,
+    chunk: u32,
+    x_div: u32,
+    list_at: u32,
+}
+
+@group(0) @binding(0) var<storage, read> weights: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+
+// [column k of the step][group of 4 rows] and [column k][group of 4 tokens]
+var<workgroup> w_tile: array<vec4<f32>, 512>;
+var<workgroup> x_tile: array<vec4<f32>, 512>;
+
+// a little-endian u32 at any byte offset (two aligned loads at most)
+fn w_word(b: u32) -> u32 {
+    let i = b >> 2u;
+    let s = (b & 3u) * 8u;
+    if (s == 0u) { return weights[i]; }
+    return (weights[i] >> s) | (weights[i + 1u] << (32u - s));
+}
+
+// Values col .. col+7 of the row starting at byte `row` (col is a multiple of 8), in ggml's arithmetic.
+fn decode8(ty: u32, row: u32, col: u32) -> array<f32, 8> {
+    var out: array<f32, 8>;
+    switch ty {
+        case 12u: { // Q4_K: 8 nibbles of one sub-block, one scale and min
+            let block = row + (col / 256u) * 144u;
+            let s = (col % 256u) / 32u;
+            let sm = q4_k_scale_min(block, s);
+            let d1 = w_f16(block) * sm.x;
+            let m1 = w_f16(block + 2u) * sm.y;
+            let qs = block + 16u + (s / 2u) * 32u + (col % 32u);
+            let shift = (s % 2u) * 4u;
+            let lo = w_word(qs);
+            let hi = w_word(qs + 4u);
+            for (var n = 0u; n < 4u; n++) {
+                out[n] = d1 * f32((lo >> (8u * n + shift)) & 15u) - m1;
+                out[n + 4u] = d1 * f32((hi >> (8u * n + shift)) & 15u) - m1;
+            }
+        }
+        case 14u: { // Q6_K: 8 low nibbles and 2-bit highs, one int8 scale
+            let block = row + (col / 256u) * 210u;
+            let sb = (col % 256u) / 32u;
+            let half = sb / 4u;
+            let quarter = sb % 4u;
+            let l0 = col % 32u;
+            let ql = block + half * 64u + select(0u, 32u, quarter == 1u || quarter == 3u) + l0;
+            let qh = block + 128u + half * 32u + l0;
+            let ql_shift = select(0u, 4u, quarter >= 2u);
+            let ds = w_f16(block + 208u) * f32(sign_extend8(w_byte(block + 192u + half * 8u + l0 / 16u + 2u * quarter)));
+            let ql0 = w_word(ql);
+            let ql1 = w_word(ql + 4u);
+            let qh0 = w_word(qh);
+            let qh1 = w_word(qh + 4u);
+            for (var n = 0u; n < 4u; n++) {
+                let a = i32(((ql0 >> (8u * n + ql_shift)) & 15u) | (((qh0 >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
+                let b = i32(((ql1 >> (8u * n + ql_shift)) & 15u) | (((qh1 >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
+                out[n] = ds * f32(a);
+                out[n + 4u] = ds * f32(b);
+            }
+        }
+        default: {
+            for (var n = 0u; n < 8u; n++) {
+                out[n] = row_value(ty, row, col + n);
+            }
+        }
+    }
+    return out;
+}
+
+// The products of one tile over all columns. Invocation lid decodes 8 columns of tile row lid / 4 and loads 8
+// inputs of tile token lid / 4 (from x[x_base ..] when `loads`), then accumulates rows 4·(lid % 16) .. +3 for
+// tokens 4·(lid / 16) .. +3 (when any of them is among the tile's `count`). Every invocation reaches the barriers.
+fn tile_products(prm: Params, w_base: u32, row0: u32, x_base: u32, loads: bool, count: u32, lid: u32) -> array<vec4<f32>, 4> {
+    let load_index = lid / 4u;
+    let part = (lid % 4u) * 8u;
+    let row = row0 + load_index;
+    let row_ok = row < prm.rows;
+    let row_at = w_base + row * prm.row_bytes;
+    let row_group = lid % 16u;
+    let token_group = lid / 16u;
+    let computes = token_group * 4u < count;
+    var acc: array<vec4<f32>, 4>;
+    for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
+        var w: array<f32, 8>;
+        if (row_ok) { w = decode8(prm.ty, row_at, k0 + part); }
+        for (var n = 0u; n < 8u; n++) {
+            w_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = w[n];
+        }
+        for (var n = 0u; n < 8u; n++) {
+            var v = 0.0;
+            if (loads) { v = x[x_base + k0 + part + n]; }
+            x_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = v;
+        }
+        workgroupBarrier();
+        if (computes) {
+            for (var k = 0u; k < STEP; k++) {
+                let wv = w_tile[k * 16u + row_group];
+                let xv = x_tile[k * 16u + token_group];
+                acc[0] += wv * xv.x;
+                acc[1] += wv * xv.y;
+                acc[2] += wv * xv.z;
+                acc[3] += wv * xv.w;
+            }
+        }
+        workgroupBarrier();
+    }
+    return acc;
+}
+
+fn store(i: u32, v: f32) {
+    if (i < arrayLength(&y)) { y[i] = v; }
+}
+
+// Writes this invocation's 4 rows of one token at y[base + r].
+fn store_rows(prm: Params, base: u32, row0: u32, lid: u32, acc: vec4<f32>) {
+    let r = row0 + (lid % 16u) * 4u;
+    for (var c = 0u; c < 4u; c++) {
+        if (r + c < prm.rows) { store(base + r + c, acc[c]); }
+    }
+}
+
+// ---- dense (and per-head) products ----
+
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let prm = p;
+    let row0 = wg.x * TILE_ROWS;
+    let t0 = wg.y * TILE_TOKENS;
+    if (t0 >= prm.tokens || row0 >= prm.rows) { return; }
+    let b = wg.z;
+    let count = min(TILE_TOKENS, prm.tokens - t0);
+    let load_index = lid / 4u;
+    let x_base = prm.x_offset + b * prm.x_batch + (t0 + load_index) * prm.x_stride;
+    let acc = tile_products(prm, prm.w_offset + b * prm.w_stride, row0, x_base, load_index < count, count, lid);
+    for (var n = 0u; n < 4u; n++) {
+        let token = (lid / 16u) * 4u + n;
+        if (token < count) {
+            store_rows(prm, prm.y_offset + b * prm.y_batch + (t0 + token) * prm.y_stride, row0, lid, acc[n]);
+        }
+    }
+}
+
+// ---- row tiles ----
+
+const ROW_TILE: u32 = 128u;
+const ROW_TOKENS: u32 = 16u;
+
+// [tile token][column k of the step / 4]
+var<workgroup> token_tile: array<vec4<f32>, 128>;
+var<workgroup> entry_info: vec4<u32>;
+
+// Values col .. col+31 (one sub-block) of the row starting at byte `row`.
+fn decode32(ty: u32, row: u32, col: u32) -> array<f32, 32> {
+    var out: array<f32, 32>;
+    switch ty {
+        case 12u: { // Q4_K: the sub-block's nibbles share 32 bytes with its neighbour's
+            let block = row + (col / 256u) * 144u;
+            let s = (col % 256u) / 32u;
+            let sm = q4_k_scale_min(block, s);
+            let d1 = w_f16(block) * sm.x;
+            let m1 = w_f16(block + 2u) * sm.y;
+            let qs = block + 16u + (s / 2u) * 32u;
+            let shift = (s % 2u) * 4u;
+            for (var i = 0u; i < 8u; i++) {
+                let word = w_word(qs + 4u * i);
+                for (var n = 0u; n < 4u; n++) {
+                    out[4u * i + n] = d1 * f32((word >> (8u * n + shift)) & 15u) - m1;
+                }
+            }
+        }
+        case 14u: { // Q6_K
+            let block = row + (col / 256u) * 210u;
+            let sb = (col % 256u) / 32u;
+            let half = sb / 4u;
+            let quarter = sb % 4u;
+            let ql = block + half * 64u + select(0u, 32u, quarter == 1u || quarter == 3u);
+            let qh = block + 128u + half * 32u;
+            let ql_shift = select(0u, 4u, quarter >= 2u);
+            let d = w_f16(block + 208u);
+            let scales = block + 192u + half * 8u + 2u * quarter;
+            let ds0 = d * f32(sign_extend8(w_byte(scales)));
+            let ds1 = d * f32(sign_extend8(w_byte(scales + 1u)));
+            for (var i = 0u; i < 8u; i++) {
+                let low = w_word(ql + 4u * i);
+                let high = w_word(qh + 4u * i);
+                let ds = select(ds0, ds1, i >= 4u);
+                for (var n = 0u; n < 4u; n++) {
+                    let q = i32(((low >> (8u * n + ql_shift)) & 15u) | (((high >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
+                    out[4u * i + n] = ds * f32(q);
+                }
+            }
+        }
+        default: {
+            for (var n = 0u; n < 32u; n++) {
+                out[n] = row_value(ty, row, col + n);
+            }
+        }
+    }
+    return out;
+}
+
+// Row `row` (when `row_ok`) times the tile's `count` tokens. Invocation lid loads inputs 4·(lid % 8) .. +3 of the
+// step for tile token lid / 8 (from x[x_base ..] when `loads`). Every invocation reaches the barriers.
+fn row_products(prm: Params, row_at: u32, row_ok: bool, x_base: u32, loads: bool, count: u32, lid: u32) -> array<f32, 16> {
+    let load_token = lid / 8u;
+    let part = (lid % 8u) * 4u;
+    var acc: array<f32, 16>;
+    for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
+        var v = vec4<f32>(0.0);
+        if (loads) {
+            let at = x_base + k0 + part;
+            v = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
+        }
+        token_tile[load_token * 8u + part / 4u] = v;
+        workgroupBarrier();
+        if (row_ok) {
+            let w = decode32(prm.ty, row_at, k0);
+            for (var n = 0u; n < ROW_TOKENS; n++) {
+                if (n < count) {
+                    var sum = 0.0;
+                    for (var i = 0u; i < 8u; i++) {
+                        let xv = token_tile[n * 8u + i];
+                        sum += w[4u * i] * xv.x + w[4u * i + 1u] * xv.y + w[4u * i + 2u] * xv.z + w[4u * i + 3u] * xv.w;
+                    }
+                    acc[n] += sum;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    return acc;
+}
+
+@compute @workgroup_size(128)
+fn matmul_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let prm = p;
+    let row0 = wg.x * ROW_TILE;
+    let t0 = wg.y * ROW_TOKENS;
+    if (t0 >= prm.tokens || row0 >= prm.rows) { return; }
+    let b = wg.z;
+    let count = min(ROW_TOKENS, prm.tokens - t0);
+    let row = row0 + lid;
+    let load_token = lid / 8u;
+    let x_base = prm.x_offset + b * prm.x_batch + (t0 + load_token) * prm.x_stride;
+    let w_base = prm.w_offset + b * prm.w_stride;
+    let acc = row_products(prm, w_base + row * prm.row_bytes, row < prm.rows, x_base, load_token < count, count, lid);
+    if (row < prm.rows) {
+        for (var n = 0u; n < ROW_TOKENS; n++) {
+            if (n < count) { store(prm.y_offset + b * prm.y_batch + (t0 + n) * prm.y_stride + row, acc[n]); }
+        }
+    }
+}
+
+// ---- experts, from the tile list ----
+
+// [0] entries in use; entry i at 4 + 4·i: (pool slot, start in the list, tokens); the list of pairs at list_at
+@group(0) @binding(3) var<storage, read> groups: array<u32>;
+@group(0) @binding(4) var<uniform> pe: Params;
+
+@compute @workgroup_size(128)
+fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let prm = pe;
+    // the entry, made uniform for the barriers (slot u32::MAX: no entry)
+    if (lid == 0u) {
+        var info = vec4<u32>(0xffffffffu, 0u, 0u, 0u);
+        if (wg.y < groups[0]) {
+            let at = 4u + 4u * wg.y;
+            info = vec4<u32>(groups[at], groups[at + 1u], groups[at + 2u], 0u);
+        }
+        entry_info = info;
+    }
+    let info = workgroupUniformLoad(&entry_info);
+    let slot = info.x;
+    let row0 = wg.x * ROW_TILE;
+    if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows) { return; }
+    let start = info.y;
+    let count = min(info.z, ROW_TOKENS);
+    let row = row0 + lid;
+    let load_token = lid / 8u;
+    let loads = load_token < count;
+    var x_base = 0u;
+    if (loads) {
+        x_base = prm.x_offset + (groups[prm.list_at + start + load_token] / prm.x_div) * prm.x_stride;
+    }
+    let w_base = (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset;
+    let acc = row_products(prm, w_base + row * prm.row_bytes, row < prm.rows, x_base, loads, count, lid);
+    if (row < prm.rows) {
+        for (var n = 0u; n < ROW_TOKENS; n++) {
+            if (n < count) {
+                let pair = groups[prm.list_at + start + n];
+                store(prm.y_offset + pair * prm.y_stride + row, acc[n]);
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Matrix-matrix products over ggml rows for a chunk of tokens (`shaders/matmul.wgsl` over `quant.wgsl`):
+//! dense, batched per head, and over the experts a chunk's tokens selected (each expert's rows decoded once
+//! per tile of up to 16 of its tokens, read from its pool slot). The prefill's counterpart of [`super::matvec`].
+
+use super::matvec::{Matrix, PoolChunk};
+use super::{Gpu, Pass, P};
+use std::sync::OnceLock;
+
+const QUANT: &str = include_str!("../../shaders/quant.wgsl");
+const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+const LABEL: &str = "matmul.wgsl";
+
+/// Rows and tokens of a wide tile (`TILE_ROWS`, `TILE_TOKENS` in the shader), for many tokens.
+pub const TILE_ROWS: u32 = 64;
+pub const TILE_TOKENS: u32 = 64;
+/// Rows and tokens of a row tile (`ROW_TILE`, `ROW_TOKENS`), for a few tokens and for the experts.
+pub const ROW_TILE: u32 = 128;
+pub const ROW_TOKENS: u32 = 16;
+/// Token counts up to this use row tiles.
+pub const FEW_TOKENS: u32 = 16;
+
+fn source() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| format!("{QUANT}{MATMUL}"))
+}
+
+/// Where token t's vector sits: element `offset + t·stride`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Rows {
+    pub offset: u32,
+    pub stride: u32,
+}
+
+impl Rows {
+    pub fn new(offset: u32, stride: u32) -> Rows {
+        Rows { offset, stride }
+    }
+}
+
+/// `y[y.offset + t·y.stride + r] = Σ_i W[r, i]·x[x.offset + t·x.stride + i]` for every row r and token t < `tokens`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows) {
+    batched(gpu, pass, w, m, 0, 1, tokens, x, x_at, 0, y, y_at, 0);
+}
+
+/// `batch` products over `tokens` tokens: matrix b at `m.byte_offset + b·w_stride` bytes; token t of batch b reads
+/// `x[x.offset + b·x_batch + t·x.stride ..]` and writes `y[y.offset + b·y_batch + t·y.stride + r]`.
+#[allow(clippy::too_many_arguments)]
+pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, batch: u32, tokens: u32, x: &wgpu::Buffer, x_at: Rows, x_batch: u32, y: &wgpu::Buffer, y_at: Rows, y_batch: u32) {
+    assert!(m.cols % 32 == 0, "matmul rows must be whole 32-value sub-blocks");
+    if tokens == 0 || batch == 0 || m.rows == 0 {
+        return;
+    }
+    let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5]);
+    let grid = if tokens <= FEW_TOKENS {
+        ("matmul_rows", (m.rows.div_ceil(ROW_TILE), tokens.div_ceil(ROW_TOKENS), batch))
+    } else {
+        ("matmul", (m.rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), batch))
+    };
+    let kernel = gpu.kernel(LABEL, source(), grid.0);
+    pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, grid.1);
+}
+
+/// Entries the expert tile list may need for `pairs` (token, expert) pairs over `n_expert` experts: every
+/// expert used gets ⌈its pairs / [`ROW_TOKENS`]⌉ tiles.
+pub fn max_tiles(pairs: u32, n_expert: u32) -> u32 {
+    pairs.div_ceil(ROW_TOKENS) + pairs.min(n_expert)
+}
+
+/// For every entry of the tile list in `groups` (written by [`super::moe::group`], `list_at` its list's word
+/// offset, at most `max_tiles` entries): the product of matrix `m` (found `m.byte_offset` bytes into the entry's
+/// pool slot) with the entry's pairs p, reading `x[x.offset + (p / x_div)·x.stride ..]` and writing
+/// `y[y.offset + p·y.stride + r]`. Only entries whose slot lies in `chunk` run; call once per pool buffer.
+#[allow(clippy::too_many_arguments)]
+pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, groups: &wgpu::Buffer, list_at: u32, max_tiles: u32, x: &wgpu::Buffer, x_at: Rows, x_div: u32, y: &wgpu::Buffer, y_at: Rows) {
+    assert!(m.cols % 32 == 0, "matmul rows must be whole 32-value sub-blocks");
+    assert!(x_div >= 1);
+    if max_tiles == 0 {
+        return;
+    }
+    let kernel = gpu.kernel(LABEL, source(), "matmul_experts");
+    let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
+    let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts);
+    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(ROW_TILE), max_tiles, 1));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Rows, x_batch: u32, y_at: Rows, y_batch: u32, tokens: u32, experts: [u32; 5]) -> Vec<P> {
+    assert!(w_offset < u32::MAX as u64 && w_stride < u32::MAX as u64, "one binding is at most 4 GiB");
+    let mut p = vec![
+        P::U(m.rows),
+        P::U(m.cols),
+        P::U(m.row_bytes()),
+        P::U(m.ty.id()),
+        P::U(w_offset as u32),
+        P::U(w_stride as u32),
+        P::U(x_at.offset),
+        P::U(x_at.stride),
+        P::U(x_batch),
+        P::U(y_at.offset),
+        P::U(y_at.stride),
+        P::U(y_batch),
+        P::U(tokens),
+    ];
+    p.extend(experts.iter().map(|&v| P::U(v)));
+    p
+}
