@@ -312,11 +312,11 @@ fn fixture_config_with(edits: &[(&str, Option<Value>)]) -> Result<Config, String
     Config::from_header(&parse_header(&bytes, None).unwrap()).map_err(|e| e.to_string())
 }
 
-/// Found with the gguf_metadata fuzz target (the first) and by reading Config::from_header while writing the
-/// targets (the rest, each then confirmed as a crash of a target): sizes whose products overflowed (a panic
-/// with overflow checks, a wrapped, plausible-looking value without), a block count that sized vectors before
-/// anything else was checked (2^40 blocks: a 4 TiB allocation), and counts beyond what the MoE routing
-/// kernel takes (an assert in gpu::moe, far from the file).
+/// The first found by the gguf_metadata fuzz target, the rest by reading Config::from_header while writing
+/// the targets (the overflows and the allocation then confirmed as crashes of a target): sizes whose
+/// products overflowed (a panic with overflow checks, a wrapped, plausible-looking value without), a block
+/// count that sized vectors before anything else was checked (2^40 blocks: a 4 TiB allocation), and counts
+/// beyond what the MoE routing kernel takes (they reached an assert in gpu::moe, far from the file).
 #[test]
 fn config_refuses_sizes_that_overflow_or_that_the_engine_cannot_hold() {
     let key = |k: &str| format!("bailingmoe3.{k}");

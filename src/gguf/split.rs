@@ -163,8 +163,9 @@ mod tests {
         assert_eq!(urls[2], "http://h/r/resolve/abc/m-00003-of-00003.gguf?download=true");
         assert_eq!(split_part_names("model.gguf").unwrap(), ["model.gguf"]);
         assert!(split_part_names("m-00002-of-00002.gguf").unwrap_err().to_string().contains("part 2 of 2"));
-        // found with the gguf_split fuzz target: a sign was taken for a digit, so the first name came back
-        // as another file's; and the pattern is only looked for in ASCII, whatever the name holds
+        // found while writing the gguf_split fuzz target (its check that the first name comes back as given),
+        // each confirmed as its crash: a sign was taken for a digit, so the first name came back as another
+        // file's; and a non-ASCII name panicked (slicing inside a character)
         assert_eq!(split_part_names("m-+0001-of-00002.gguf").unwrap(), ["m-+0001-of-00002.gguf"]);
         assert_eq!(split_part_names("m-00001-of-+0002.gguf").unwrap(), ["m-00001-of-+0002.gguf"]);
         assert_eq!(split_part_names("é-00001-ofé00002.gguf").unwrap(), ["é-00001-ofé00002.gguf"]);
