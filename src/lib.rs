@@ -6,9 +6,12 @@
 //! native command line.
 
 pub mod clock;
+#[cfg(feature = "runtime")]
 pub mod engine;
+#[cfg(feature = "runtime")]
 pub mod generate;
 pub mod gguf;
+#[cfg(feature = "runtime")]
 pub mod gpu;
 pub mod ingest;
 pub mod model;
@@ -17,7 +20,7 @@ pub mod source;
 pub mod store;
 pub mod tiny;
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", feature = "runtime"))]
 pub mod web;
 
 /// Browser helpers shared by the wasm32 sources and store.
@@ -25,5 +28,5 @@ pub mod web;
 pub(crate) mod js;
 
 /// The native command-line tool's subcommands (the `lingtab` binary is a thin shell over these).
-#[cfg(not(target_arch = "wasm32"))]
+#[cfg(all(not(target_arch = "wasm32"), feature = "runtime"))]
 pub mod cli;

@@ -246,3 +246,127 @@ fn config_refuses_variants_it_does_not_implement() {
     let c = with("bailingmoe3.expert_shared_feed_forward_length", None).unwrap();
     assert_eq!(c.ff_shared, 256);
 }
+
+/// A file that claims `total` bytes but holds only `bytes` (reads past them come back empty), recording the
+/// longest request: real sources allocate what they are asked for (the HTTP source reserves the whole range).
+struct ClaimedSource {
+    bytes: Vec<u8>,
+    total: u64,
+    longest_request: std::cell::Cell<u64>,
+}
+
+impl lingtab::source::RangeSource for ClaimedSource {
+    fn describe(&self) -> String {
+        "claimed.gguf".into()
+    }
+    async fn read_range(&self, start: u64, len: u64) -> Result<(Vec<u8>, u64), String> {
+        self.longest_request.set(self.longest_request.get().max(len));
+        let (start, end) = (start.min(self.bytes.len() as u64) as usize, start.saturating_add(len).min(self.bytes.len() as u64) as usize);
+        Ok((self.bytes[start..end].to_vec(), self.total))
+    }
+}
+
+fn read_claimed(bytes: Vec<u8>, total: u64) -> (String, u64) {
+    let source = ClaimedSource { bytes, total, longest_request: Default::default() };
+    let err = pollster::block_on(lingtab::source::read_header(&source)).unwrap_err();
+    (err, source.longest_request.get())
+}
+
+/// Found by the gguf_header fuzz target: a string length in the header made `read_header` ask the source for
+/// that many bytes at once (1.2 MB after 2.6 kB received there; a hostile server claiming a large file could
+/// have it reserve gigabytes). Requests now only double what was received, and a header claiming more than
+/// 256 MiB is refused outright.
+#[test]
+fn read_header_requests_follow_the_bytes_received_not_the_lengths_claimed() {
+    let header = header_bytes(3, 0, 1, &kv_string("general.name", 100 << 20, "x"));
+    let (err, longest) = read_claimed(header, 1 << 40);
+    assert!(longest <= 1 << 20, "asked for {longest} bytes at once");
+    assert!(err.contains("claimed.gguf") && err.contains("returned no bytes"), "{err}");
+
+    let header = header_bytes(3, 0, 1, &kv_string("general.name", 1 << 31, "x"));
+    let (err, longest) = read_claimed(header, 1 << 40);
+    assert!(longest <= 1 << 20, "asked for {longest} bytes");
+    assert!(err.contains("corrupt GGUF: the header claims to be longer than 256 MiB"), "{err}");
+
+    // a real header still reads in full through short reads
+    let parts = read_parts();
+    let head_len = parse_header(&parts[0], None).unwrap().data_start as usize;
+    let source = ClaimedSource { bytes: parts[0].clone(), total: parts[0].len() as u64, longest_request: Default::default() };
+    let (h, total) = pollster::block_on(lingtab::source::read_header(&source)).unwrap();
+    assert_eq!((h.data_start as usize, total), (head_len, parts[0].len() as u64));
+}
+
+/// The fixture's first part with metadata keys replaced (`None` removes the key), written back and read.
+fn fixture_config_with(edits: &[(&str, Option<Value>)]) -> Result<Config, String> {
+    let parts = read_parts();
+    let mut metadata = parse_header(&parts[0], None).unwrap().metadata;
+    for (key, value) in edits {
+        metadata.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            metadata.push((key.to_string(), v.clone()));
+        }
+    }
+    let mut w = GgufWriter::new();
+    w.metadata = metadata;
+    let bytes = w.to_parts(1, |_| vec![]).unwrap().remove(0);
+    Config::from_header(&parse_header(&bytes, None).unwrap()).map_err(|e| e.to_string())
+}
+
+/// The first found by the gguf_metadata fuzz target, the rest by reading Config::from_header while writing
+/// the targets (the overflows and the allocation then confirmed as crashes of a target): sizes whose
+/// products overflowed (a panic with overflow checks, a wrapped, plausible-looking value without), a block
+/// count that sized vectors before anything else was checked (2^40 blocks: a 4 TiB allocation), and counts
+/// beyond what the MoE routing kernel takes (they reached an assert in gpu::moe, far from the file).
+#[test]
+fn config_refuses_sizes_that_overflow_or_that_the_engine_cannot_hold() {
+    let key = |k: &str| format!("bailingmoe3.{k}");
+    let err = |edits: &[(&str, Option<Value>)]| fixture_config_with(edits).unwrap_err();
+    let one = |k: &str, v: Value| err(&[(&key(k), Some(v))]);
+    assert!(fixture_config_with(&[]).is_ok());
+
+    // expert_group_used_count × experts per group overflowed before the group count bound was looked at
+    let e = one("expert_group_used_count", Value::U64(u64::MAX));
+    assert!(e.contains("expert_group_used_count 18446744073709551615 must be in 1..="), "{e}");
+    // heads × KDA head dim (the KDA width)
+    let e = one("kda.head_dim", Value::U64(u64::MAX));
+    assert!(e.contains("heads of widths 18446744073709551615") && e.contains("overflow"), "{e}");
+    // the shared FFN's default width: expert ff × shared count
+    let (ff, shared) = (key("expert_feed_forward_length"), key("expert_shared_count"));
+    let e = err(&[(&ff, Some(Value::U64(1 << 63))), (&shared, Some(Value::U32(3))), (&key("expert_shared_feed_forward_length"), None)]);
+    assert!(e.contains("expert_feed_forward_length 9223372036854775808 × expert_shared_count 3 overflows"), "{e}");
+    // 2^40 blocks with a scalar head_count_kv: refused before vec![_; block_count]
+    let e = err(&[(&key("block_count"), Some(Value::U64(1 << 40))), (&key("attention.head_count_kv"), Some(Value::U32(1)))]);
+    assert!(e.contains("block_count is 1099511627776; at most 512 blocks"), "{e}");
+    // beyond the routing kernel's workgroup arrays
+    let e = one("expert_count", Value::U32(1024));
+    assert!(e.contains("expert_count 1024 must be in 1..=512"), "{e}");
+    let e = one("expert_used_count", Value::U32(33));
+    assert!(e.contains("expert_used_count 33 must be in 1..=32"), "{e}");
+    let e = one("vocab_size", Value::U64(1 << 32));
+    assert!(e.contains("vocab size 4294967296 does not fit 32-bit token ids"), "{e}");
+}
+
+/// Found by reading SplitModel::new while writing the gguf_split target, then confirmed as its crash: part
+/// lengths as a source reports them (a server's Content-Range total) added up past u64 (an overflow panic,
+/// or wrapped offsets without overflow checks). Such parts are refused, as is a tensor whose end in the file
+/// overflows (a header parsed with a claimed length of u64::MAX).
+#[test]
+fn lengths_beyond_what_a_model_can_be_are_refused() {
+    let parts = read_parts();
+    let claimed = |p: &Vec<u8>, len: u64| (parse_header(p, Some(len)).unwrap(), len);
+    let e = SplitModel::new(vec![claimed(&parts[0], 1 << 63), claimed(&parts[1], 1 << 63)]).unwrap_err().to_string();
+    assert!(e.contains("more than 2^60 bytes in all cannot be a model"), "{e}");
+    let e = SplitModel::new(vec![claimed(&parts[0], u64::MAX), claimed(&parts[1], u64::MAX)]).unwrap_err().to_string();
+    assert!(e.contains("[18446744073709551615, 18446744073709551615] bytes long"), "{e}");
+
+    // one tensor ending 32 bytes before 2^64: its end in the file (data section start + end) overflows
+    let mut tensor = 1u64.to_le_bytes().to_vec();
+    tensor.extend_from_slice(b"t");
+    tensor.extend_from_slice(&1u32.to_le_bytes());
+    tensor.extend_from_slice(&8u64.to_le_bytes());
+    tensor.extend_from_slice(&0u32.to_le_bytes()); // F32
+    tensor.extend_from_slice(&0xFFFF_FFFF_FFFF_FFC0u64.to_le_bytes());
+    let bytes = header_bytes(3, 1, 0, &tensor);
+    let e = parse_header(&bytes, Some(u64::MAX)).unwrap_err().to_string();
+    assert!(e.contains("end of tensor data is 18446744073709551615"), "{e}");
+}

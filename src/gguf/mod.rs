@@ -9,7 +9,7 @@ mod split;
 mod write;
 
 pub use read::{parse_header, Header, TensorInfo};
-pub use split::{split_part_names, SplitModel, SplitTensor};
+pub use split::{split_part_names, SplitModel, SplitTensor, MAX_MODEL_BYTES};
 pub use write::{GgufWriter, PartPlan, TensorSpec};
 
 use std::fmt;

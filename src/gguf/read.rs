@@ -79,13 +79,13 @@ pub fn parse_header(prefix: &[u8], file_len: Option<u64>) -> Result<Header, Gguf
     }
     let n_tensors = r.u64()?;
     let n_kv = r.u64()?;
-    r.check_count("metadata count", n_kv, 8 + 4 + 1)?;
-    r.check_count("tensor count", n_tensors, 8 + 1 + 4 + 8 + 8)?;
+    r.check_count(|| "metadata count".into(), n_kv, 8 + 4 + 1)?;
+    r.check_count(|| "tensor count".into(), n_tensors, 8 + 1 + 4 + 8 + 8)?;
 
     let mut metadata = Vec::with_capacity(r.capacity_for(n_kv, 13));
     let mut seen = HashMap::new();
     for _ in 0..n_kv {
-        let key = r.string("metadata key")?;
+        let key = r.string(|| "metadata key".into())?;
         let type_id = r.u32()?;
         let ty = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), id: type_id })?;
         let value = r.value(ty, &key, 0)?;
@@ -106,7 +106,7 @@ pub fn parse_header(prefix: &[u8], file_len: Option<u64>) -> Result<Header, Gguf
     let mut tensors = Vec::with_capacity(r.capacity_for(n_tensors, 29));
     let mut names = HashMap::new();
     for _ in 0..n_tensors {
-        let name = r.string("tensor name")?;
+        let name = r.string(|| "tensor name".into())?;
         let n_dims = r.u32()?;
         if n_dims == 0 || n_dims as usize > MAX_DIMS {
             return Err(GgufError::Invalid(format!("tensor {name:?} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")));
@@ -151,9 +151,9 @@ pub fn parse_header(prefix: &[u8], file_len: Option<u64>) -> Result<Header, Gguf
         }
     }
     if let Some(len) = file_len {
-        let end = data_start + spans.last().map_or(0, |s| s.1);
-        if end > len {
-            return Err(GgufError::TooLarge { what: "end of tensor data".into(), count: end, available: len });
+        let end = data_start.checked_add(spans.last().map_or(0, |s| s.1));
+        if end.is_none_or(|end| end > len) {
+            return Err(GgufError::TooLarge { what: "end of tensor data".into(), count: end.unwrap_or(u64::MAX), available: len });
         }
     }
     Ok(Header::new(version, metadata, tensors, alignment, data_start))
@@ -182,10 +182,11 @@ impl<'a> Reader<'a> {
     fn remaining(&self) -> u64 {
         self.limit.saturating_sub(self.pos)
     }
-    /// Refuses a count whose smallest encoding cannot fit in what remains of the file.
-    fn check_count(&self, what: &str, count: u64, min_each: u64) -> Result<(), GgufError> {
+    /// Refuses a count whose smallest encoding cannot fit in what remains of the file. (`what` names the
+    /// field in the error; it is only formatted when there is one, since a vocabulary has 100k+ strings.)
+    fn check_count(&self, what: impl FnOnce() -> String, count: u64, min_each: u64) -> Result<(), GgufError> {
         if count.checked_mul(min_each).is_none_or(|b| b > self.remaining()) {
-            return Err(GgufError::TooLarge { what: what.to_string(), count, available: self.remaining() });
+            return Err(GgufError::TooLarge { what: what(), count, available: self.remaining() });
         }
         Ok(())
     }
@@ -206,11 +207,11 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, GgufError> {
         Ok(u64::from_le_bytes(self.bytes(8)?.try_into().unwrap()))
     }
-    fn string(&mut self, what: &str) -> Result<String, GgufError> {
+    fn string(&mut self, what: impl Fn() -> String) -> Result<String, GgufError> {
         let len = self.u64()?;
-        self.check_count(&format!("{what} length"), len, 1)?;
+        self.check_count(|| format!("{} length", what()), len, 1)?;
         let raw = self.bytes(len)?;
-        String::from_utf8(raw.to_vec()).map_err(|_| GgufError::InvalidUtf8 { what: what.to_string() })
+        String::from_utf8(raw.to_vec()).map_err(|_| GgufError::InvalidUtf8 { what: what() })
     }
     fn value(&mut self, ty: ValueType, key: &str, depth: u32) -> Result<Value, GgufError> {
         Ok(match ty {
@@ -226,7 +227,7 @@ impl<'a> Reader<'a> {
                 1 => Value::Bool(true),
                 b => return Err(GgufError::Invalid(format!("metadata key {key:?}: bool byte {b}"))),
             },
-            ValueType::String => Value::String(self.string(&format!("value of {key:?}"))?),
+            ValueType::String => Value::String(self.string(|| format!("value of {key:?}"))?),
             ValueType::U64 => Value::U64(self.u64()?),
             ValueType::I64 => Value::I64(self.u64()? as i64),
             ValueType::F64 => Value::F64(f64::from_bits(self.u64()?)),
@@ -237,7 +238,7 @@ impl<'a> Reader<'a> {
                 let elem_id = self.u32()?;
                 let elem = ValueType::from_id(elem_id).ok_or(GgufError::UnknownValueType { key: key.to_string(), id: elem_id })?;
                 let count = self.u64()?;
-                self.check_count(&format!("array length of {key:?}"), count, elem.min_bytes())?;
+                self.check_count(|| format!("array length of {key:?}"), count, elem.min_bytes())?;
                 let mut items = Vec::with_capacity(self.capacity_for(count, elem.min_bytes()));
                 for _ in 0..count {
                     items.push(self.value(elem, key, depth + 1)?);

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 pub const KEY_SPLIT_NO: &str = "split.no";
 pub const KEY_SPLIT_COUNT: &str = "split.count";
 pub const KEY_SPLIT_TENSORS: &str = "split.tensors.count";
+/// The most bytes a model's parts may add up to (1 EiB, far beyond any model): offsets in the virtual file
+/// and in the store (headers, aligned records, the tail) then stay far from overflowing a u64.
+pub const MAX_MODEL_BYTES: u64 = 1 << 60;
 
 /// A tensor of a split model and where its bytes are.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,11 +74,17 @@ impl SplitModel {
                 return Err(GgufError::Split(format!("part {} says split.count {c}, part 1 says {count}: parts of different models", i + 1)));
             }
         }
+        let total = parts.iter().try_fold(0u64, |sum, (_, len)| sum.checked_add(*len)).filter(|&t| t <= MAX_MODEL_BYTES);
+        if total.is_none() {
+            let lens: Vec<u64> = parts.iter().map(|p| p.1).collect();
+            return Err(GgufError::Split(format!("the parts are {lens:?} bytes long: more than 2^60 bytes in all cannot be a model")));
+        }
         let mut tensors = Vec::new();
         let mut by_name = HashMap::new();
         let mut base = 0u64;
         for (part, (h, len)) in parts.iter().enumerate() {
-            let end = h.data_start + h.data_len();
+            // (a header read without its file's length may claim tensors up to the end of u64)
+            let end = h.data_start.checked_add(h.data_len()).unwrap_or(u64::MAX);
             if end > *len {
                 return Err(GgufError::Split(format!("part {} is {len} bytes but its tensors end at byte {end}: truncated file", part + 1)));
             }
@@ -124,14 +133,15 @@ pub fn split_part_names(first: &str) -> Result<Vec<String>, GgufError> {
     };
     let path = &first[..query_start];
     let Some(stem) = path.strip_suffix(".gguf") else { return Ok(vec![first.to_string()]) };
-    // stem ends with "-NNNNN-of-MMMMM"
-    let bytes = stem.as_bytes();
-    if bytes.len() < 15 || &stem[stem.len() - 9..stem.len() - 5] != "-of-" || bytes[bytes.len() - 15] != b'-' {
+    // stem ends with "-NNNNN-of-MMMMM", N and M ASCII digits (compared as bytes: the name may be any text,
+    // and u32's parser would also take "+0001")
+    let b = stem.as_bytes();
+    let n = b.len();
+    let digits = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
+    if n < 15 || b[n - 15] != b'-' || &b[n - 9..n - 5] != b"-of-" || !digits(&b[n - 14..n - 9]) || !digits(&b[n - 5..]) {
         return Ok(vec![first.to_string()]);
     }
-    let no = &stem[stem.len() - 14..stem.len() - 9];
-    let count = &stem[stem.len() - 5..];
-    let (Ok(no), Ok(count)) = (no.parse::<u32>(), count.parse::<u32>()) else { return Ok(vec![first.to_string()]) };
+    let (no, count): (u32, u32) = (stem[n - 14..n - 9].parse().expect("five digits"), stem[n - 5..].parse().expect("five digits"));
     if no != 1 {
         return Err(GgufError::Split(format!("{first:?} is part {no} of {count}; give the first part (-00001-of-{count:05})")));
     }
@@ -153,5 +163,13 @@ mod tests {
         assert_eq!(urls[2], "http://h/r/resolve/abc/m-00003-of-00003.gguf?download=true");
         assert_eq!(split_part_names("model.gguf").unwrap(), ["model.gguf"]);
         assert!(split_part_names("m-00002-of-00002.gguf").unwrap_err().to_string().contains("part 2 of 2"));
+        // found while writing the gguf_split fuzz target (its check that the first name comes back as given),
+        // each confirmed as its crash: a sign was taken for a digit, so the first name came back as another
+        // file's; and a non-ASCII name panicked (slicing inside a character)
+        assert_eq!(split_part_names("m-+0001-of-00002.gguf").unwrap(), ["m-+0001-of-00002.gguf"]);
+        assert_eq!(split_part_names("m-00001-of-+0002.gguf").unwrap(), ["m-00001-of-+0002.gguf"]);
+        assert_eq!(split_part_names("é-00001-ofé00002.gguf").unwrap(), ["é-00001-ofé00002.gguf"]);
+        assert_eq!(split_part_names("éééééééé.gguf").unwrap(), ["éééééééé.gguf"]);
+        assert_eq!(split_part_names("模型文件名称.gguf").unwrap(), ["模型文件名称.gguf"]); // panicked: not a char boundary
     }
 }

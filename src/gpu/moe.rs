@@ -6,10 +6,10 @@ use super::{Gpu, Pass, P};
 const SHADER: &str = include_str!("../../shaders/moe.wgsl");
 const LABEL: &str = "moe.wgsl";
 
-/// Limits of `moe_route` (its workgroup arrays).
-pub const MAX_EXPERTS: u32 = 512;
-pub const MAX_GROUPS: u32 = 64;
-pub const MAX_USED: u32 = 32;
+/// Limits of `moe_route` (its workgroup arrays); `Config` refuses models beyond them.
+pub const MAX_EXPERTS: u32 = crate::model::config::MAX_EXPERTS as u32;
+pub const MAX_GROUPS: u32 = crate::model::config::MAX_EXPERT_GROUPS as u32;
+pub const MAX_USED: u32 = crate::model::config::MAX_EXPERTS_USED as u32;
 
 /// Words in a router output for `n_used` experts: ids, weights, two margins.
 pub fn selection_words(n_used: u32) -> usize {

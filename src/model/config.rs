@@ -7,6 +7,15 @@ use std::fmt;
 
 pub const ARCH: &str = "bailingmoe3";
 
+/// Most blocks a file may have (llama.cpp's LLAMA_MAX_LAYERS): per-block vectors are sized by `block_count`
+/// before any tensor is looked at, so an absurd count must be refused, not allocated.
+pub const MAX_BLOCKS: usize = 512;
+/// Limits of the routing kernel (`moe_route`'s workgroup arrays); 512 experts is also llama.cpp's
+/// LLAMA_MAX_EXPERTS and Ling 3.0 Flash's count.
+pub const MAX_EXPERTS: usize = 512;
+pub const MAX_EXPERT_GROUPS: usize = 64;
+pub const MAX_EXPERTS_USED: usize = 32;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Attention {
@@ -85,7 +94,11 @@ impl Keys<'_> {
     fn uint(&self, key: &str) -> Result<usize, ConfigError> {
         match self.opt(key) {
             None => err(format!("missing metadata key {}", Self::name(key))),
-            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| ConfigError(format!("{} is not an unsigned integer: {v:?}", Self::name(key)))),
+            Some(v) => {
+                let x = v.as_u64().ok_or_else(|| ConfigError(format!("{} is not an unsigned integer: {v:?}", Self::name(key))))?;
+                // (a wasm32 usize is 32 bits: a larger value must not wrap into a plausible one)
+                usize::try_from(x).map_err(|_| ConfigError(format!("{} is {x}, too large for this platform", Self::name(key))))
+            }
         }
     }
     fn uint_or(&self, key: &str, default: usize) -> Result<usize, ConfigError> {
@@ -167,6 +180,9 @@ impl Config {
         }
 
         let block_count = k.uint("block_count")?;
+        if block_count > MAX_BLOCKS {
+            return err(format!("block_count is {block_count}; at most {MAX_BLOCKS} blocks are supported (as in llama.cpp)"));
+        }
         let nextn_predict_layers = k.uint_or("nextn_predict_layers", 0)?;
         if block_count == 0 || nextn_predict_layers >= block_count {
             return err(format!("block_count {block_count} with {nextn_predict_layers} MTP blocks leaves no trunk layer"));
@@ -216,34 +232,43 @@ impl Config {
             n_group_used,
             ff_expert,
             // llama.cpp: absent ⇒ expert ff × max(1, shared count)
-            ff_shared: k.uint_or("expert_shared_feed_forward_length", ff_expert * n_shared_expert.max(1))?,
+            ff_shared: match k.opt("expert_shared_feed_forward_length") {
+                Some(_) => k.uint("expert_shared_feed_forward_length")?,
+                None => ff_expert.checked_mul(n_shared_expert.max(1)).ok_or_else(|| ConfigError(format!("expert_feed_forward_length {ff_expert} × expert_shared_count {n_shared_expert} overflows")))?,
+            },
             n_shared_expert,
             expert_weights_norm: k.bool_or("expert_weights_norm", false)?,
             expert_weights_scale: k.float_or("expert_weights_scale", 1.0)?,
             clamp_exp,
             clamp_shexp,
         };
-        let key_length = k.uint_or("attention.key_length", c.kv_lora_rank + c.rope_dim)?;
+        let key_length = k.uint_or("attention.key_length", c.kv_lora_rank.saturating_add(c.rope_dim))?;
         c.validate(key_length)?;
         Ok(c)
     }
 
     fn validate(&self, key_length: usize) -> Result<(), ConfigError> {
-        let checks: [(bool, String); 10] = [
-            (self.hidden > 0 && self.n_head > 0 && self.kda_head_dim > 0, "hidden size, head count and KDA head dim must be positive".into()),
-            (self.n_expert > 0 && self.n_expert_used > 0 && self.n_expert_used <= self.n_expert, format!("expert_used_count {} must be in 1..={}", self.n_expert_used, self.n_expert)),
-            (self.n_expert % self.n_expert_group == 0, format!("{} experts do not divide into {} groups", self.n_expert, self.n_expert_group)),
-            (self.n_group_used >= 1 && self.n_group_used <= self.n_expert_group, format!("expert_group_used_count {} must be in 1..={}", self.n_group_used, self.n_expert_group)),
-            (self.n_group_used * (self.n_expert / self.n_expert_group) >= self.n_expert_used, "the groups kept hold fewer experts than are used".into()),
-            (self.rope_dim % 2 == 0 && self.rope_dim < self.key_length_mla, format!("rope dims {} must be even and below key_length_mla {}", self.rope_dim, self.key_length_mla)),
-            (key_length == self.kv_lora_rank + self.rope_dim, format!("attention.key_length {key_length} must equal kv_lora_rank + rope dims = {}", self.kv_lora_rank + self.rope_dim)),
-            (self.conv_kernel >= 1 && self.conv_kernel <= 16, format!("ssm.conv_kernel {} is out of range", self.conv_kernel)),
-            (self.n_dense_lead <= self.n_layer, "leading_dense_block_count exceeds the layer count".into()),
-            (self.vocab_size > 0 && self.context_length > 0, "vocab size and context length must be positive".into()),
+        // Checked in order, each only once the ones before it hold (a later one may divide by or multiply
+        // what an earlier one bounds).
+        let checks: [(&dyn Fn() -> bool, &dyn Fn() -> String); 13] = [
+            (&|| self.hidden > 0 && self.n_head > 0 && self.kda_head_dim > 0, &|| "hidden size, head count and KDA head dim must be positive".into()),
+            (&|| (1..=MAX_EXPERTS).contains(&self.n_expert), &|| format!("expert_count {} must be in 1..={MAX_EXPERTS}", self.n_expert)),
+            (&|| (1..=MAX_EXPERTS_USED.min(self.n_expert)).contains(&self.n_expert_used), &|| format!("expert_used_count {} must be in 1..={}", self.n_expert_used, MAX_EXPERTS_USED.min(self.n_expert))),
+            (&|| self.n_expert_group <= MAX_EXPERT_GROUPS && self.n_expert % self.n_expert_group == 0, &|| format!("{} experts do not divide into {} groups (at most {MAX_EXPERT_GROUPS})", self.n_expert, self.n_expert_group)),
+            (&|| self.n_group_used >= 1 && self.n_group_used <= self.n_expert_group, &|| format!("expert_group_used_count {} must be in 1..={}", self.n_group_used, self.n_expert_group)),
+            (&|| self.n_group_used * (self.n_expert / self.n_expert_group) >= self.n_expert_used, &|| "the groups kept hold fewer experts than are used".into()),
+            (&|| self.rope_dim % 2 == 0 && self.rope_dim < self.key_length_mla, &|| format!("rope dims {} must be even and below key_length_mla {}", self.rope_dim, self.key_length_mla)),
+            (&|| self.kv_lora_rank.checked_add(self.rope_dim) == Some(key_length), &|| format!("attention.key_length {key_length} must equal kv_lora_rank + rope dims = {}", self.kv_lora_rank as u128 + self.rope_dim as u128)),
+            // the widths the engine derives (KDA inner width, all heads' q and v) must fit a usize
+            (&|| self.n_head.checked_mul(self.kda_head_dim.max(self.key_length_mla).max(self.value_length_mla)).is_some(), &|| format!("{} heads of widths {}, {} and {} overflow", self.n_head, self.kda_head_dim, self.key_length_mla, self.value_length_mla)),
+            (&|| self.conv_kernel >= 1 && self.conv_kernel <= 16, &|| format!("ssm.conv_kernel {} is out of range", self.conv_kernel)),
+            (&|| self.n_dense_lead <= self.n_layer, &|| "leading_dense_block_count exceeds the layer count".into()),
+            (&|| self.vocab_size > 0 && self.context_length > 0, &|| "vocab size and context length must be positive".into()),
+            (&|| self.vocab_size <= i32::MAX as usize, &|| format!("vocab size {} does not fit 32-bit token ids", self.vocab_size)),
         ];
         for (ok, msg) in checks {
-            if !ok {
-                return err(format!("inconsistent {ARCH} config: {msg}"));
+            if !ok() {
+                return err(format!("inconsistent {ARCH} config: {}", msg()));
             }
         }
         Ok(())

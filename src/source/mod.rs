@@ -7,17 +7,19 @@
 mod blob;
 #[cfg(not(target_arch = "wasm32"))]
 mod file;
-#[cfg(not(target_arch = "wasm32"))]
+#[cfg(all(not(target_arch = "wasm32"), feature = "runtime"))]
 mod http_native;
 #[cfg(target_arch = "wasm32")]
 mod http_web;
+// (its checks serve the HTTP sources, which a build without `runtime` lacks natively)
+#[cfg_attr(all(not(target_arch = "wasm32"), not(feature = "runtime")), allow(dead_code))]
 mod remote;
 
 #[cfg(target_arch = "wasm32")]
 pub use blob::BlobSource;
 #[cfg(not(target_arch = "wasm32"))]
 pub use file::{read_exact_at, FileSource};
-#[cfg(not(target_arch = "wasm32"))]
+#[cfg(all(not(target_arch = "wasm32"), feature = "runtime"))]
 pub use http_native::{HttpSource, DEFAULT_STALL_TIMEOUT};
 #[cfg(target_arch = "wasm32")]
 pub use http_web::{HttpSource, DEFAULT_STALL_TIMEOUT_MS};
@@ -46,6 +48,9 @@ impl<S: RangeSource> RangeSource for &S {
 
 /// First read of a header: enough for the tiny model and most of a real one's vocabulary.
 const FIRST_READ: u64 = 1 << 20;
+/// The longest header read: about 40 times a 157k-token vocabulary's. A longer one is a corrupt length field,
+/// which would otherwise have the whole file fetched into memory (beyond a wasm tab's 4 GiB) before it fails.
+pub const MAX_HEADER_BYTES: u64 = 256 << 20;
 
 /// Reads a GGUF header from a source, fetching a longer prefix whenever the parser asks for one.
 pub async fn read_header<S: RangeSource>(source: &S) -> Result<(Header, u64), String> {
@@ -68,9 +73,18 @@ pub async fn read_header_bytes<S: RangeSource>(source: &S) -> Result<(Header, u6
                 return Ok((h, total, prefix));
             }
             Ok(h) => return Ok((h, total, prefix)),
+            Err(GgufError::NeedMoreBytes { needed }) if needed > MAX_HEADER_BYTES && needed <= total => {
+                return Err(format!(
+                    "{}: corrupt GGUF: the header claims to be longer than {} MiB (at least {needed} bytes)",
+                    source.describe(),
+                    MAX_HEADER_BYTES >> 20
+                ));
+            }
             Err(GgufError::NeedMoreBytes { needed }) if needed <= total && (prefix.len() as u64) < total => {
-                // grow geometrically so a 150k-token vocabulary costs a handful of requests, not hundreds
-                let want = needed.max(prefix.len() as u64 * 2).min(total);
+                // Double the prefix: a 150k-token vocabulary costs a handful of requests, and no request (a
+                // source allocates what it is asked for) is longer than the bytes already received, whatever
+                // length the header claims.
+                let want = (prefix.len() as u64 * 2).max(FIRST_READ).min(total);
                 let start = prefix.len() as u64;
                 let (more, _) = source.read_range(start, want - start).await?;
                 if more.is_empty() {
