@@ -1222,6 +1222,68 @@ mod store {
         assert!(OpfsDir::delete(&name).await.unwrap());
     }
 
+    /// The browser bench (`Engine.bench`, the same measurement and table as `lingtab bench`) on the fixture from a
+    /// store, resident and with a small streaming pool. Beyond printing the table, what the counters must show:
+    /// chunks need fewer dispatches per prompt token than token by token; a resident engine syncs once per
+    /// decoded token and reads nothing from the store; a streaming chunked prefill reads fewer store bytes per
+    /// prompt token than token by token (each expert once per span), and the bench leaves the engine usable.
+    #[wasm_bindgen_test]
+    async fn the_browser_bench_prints_the_table() {
+        let (name, _) = ingested("bench").await;
+        let load = |pool_bytes: Option<f64>| {
+            let o = js_sys::Object::new();
+            js_sys::Reflect::set(&o, &"store".into(), &name.clone().into()).unwrap();
+            js_sys::Reflect::set(&o, &"contextLength".into(), &64.into()).unwrap();
+            if let Some(bytes) = pool_bytes {
+                js_sys::Reflect::set(&o, &"poolBytes".into(), &bytes.into()).unwrap();
+            }
+            lingtab::web::Engine::load(o.into())
+        };
+        let options = js_sys::Object::new();
+        js_sys::Reflect::set(&options, &"prompts".into(), &js_sys::Array::of1(&24.into())).unwrap();
+        js_sys::Reflect::set(&options, &"decode".into(), &6.into()).unwrap();
+        js_sys::Reflect::set(&options, &"chunks".into(), &js_sys::Array::of2(&1.into(), &8.into())).unwrap();
+        let row = |rows: &js_sys::Array, phase: &str, chunk: f64, key: &str| -> f64 {
+            let r = rows.iter().find(|r| get(r, "phase").as_string().as_deref() == Some(phase) && get(r, "chunk").as_f64() == Some(chunk)).unwrap_or_else(|| panic!("no {phase} row with chunk {chunk}"));
+            get(&r, key).as_f64().unwrap_or_else(|| panic!("{phase} {chunk}: {key}"))
+        };
+        let mut tables = String::new();
+        for pool in [None, Some(8.0 * 300_000.0)] {
+            let engine = load(pool).await.unwrap();
+            let result = JsFuture::from(engine.bench(options.clone().into()).unwrap()).await.unwrap();
+            let rows = js_sys::Array::from(&get(&result, "rows"));
+            let table = get(&result, "table").as_string().unwrap();
+            assert_eq!(rows.length(), 3, "two prefills and a decode: {table}");
+            assert_eq!(table.lines().count(), 4, "a header and a line per row: {table}");
+            assert!(table.lines().next().unwrap().contains("tok/s"));
+            assert!(row(&rows, "prefill", 8.0, "dispatchesPerToken") < row(&rows, "prefill", 1.0, "dispatchesPerToken") / 2.0, "{table}");
+            assert!(row(&rows, "prefill", 8.0, "speedup") > 0.0);
+            assert_eq!(row(&rows, "prefill", 8.0, "tokens"), 24.0);
+            assert_eq!(row(&rows, "decode", 1.0, "tokens"), 6.0);
+            match pool {
+                None => {
+                    assert_eq!(row(&rows, "decode", 1.0, "syncsPerToken"), 1.0, "resident decode: one readback per token\n{table}");
+                    assert_eq!(row(&rows, "prefill", 1.0, "mbReadPerToken"), 0.0);
+                }
+                Some(_) => {
+                    assert!(row(&rows, "prefill", 8.0, "mbReadPerToken") < row(&rows, "prefill", 1.0, "mbReadPerToken"), "{table}");
+                    assert!(row(&rows, "decode", 1.0, "mbReadPerToken") > 0.0, "{table}");
+                }
+            }
+            assert!(get(&result, "bandwidthGBs").as_f64().unwrap() > 0.0);
+            tables += &table;
+            // the engine goes on after the bench, and refuses a bench it cannot run with a clear error
+            let bad = js_sys::Object::new();
+            js_sys::Reflect::set(&bad, &"prompts".into(), &js_sys::Array::of1(&1000.into())).unwrap();
+            let err = message(JsFuture::from(engine.bench(bad.into()).unwrap()).await.unwrap_err());
+            assert!(err.contains("do not fit the context"), "{err}");
+            assert!(engine.stats().is_ok());
+            engine.dispose();
+        }
+        log(&format!("browser bench (tiny fixture, SwiftShader):\n{tables}"));
+        assert!(OpfsDir::delete(&name).await.unwrap());
+    }
+
     /// Readers and writers of a store keep out of each other: readers cannot open a file a writer holds (a
     /// clear error, from the pool and from `Engine.load`), and while readers hold it no writer gets it and the
     /// store is not deleted. `Engine.load({ store, readers })` loads through them.

@@ -1,7 +1,6 @@
 //! Native command-line subcommands.
 
 pub mod bench;
-pub mod bench_prefill;
 pub mod bench_stream;
 pub mod dequant;
 pub mod generate;
@@ -97,15 +96,6 @@ enum Command {
         model: ModelArgs,
         #[command(flatten)]
         args: bench_stream::BenchStreamArgs,
-        #[command(flatten)]
-        engine: EngineArgs,
-    },
-    /// One prompt fed token by token and in chunks (the batched prefill): prompt rate, µs/token/layer, bytes read
-    BenchPrefill {
-        #[command(flatten)]
-        model: ModelArgs,
-        #[command(flatten)]
-        args: bench_prefill::BenchPrefillArgs,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -247,7 +237,6 @@ pub fn main() {
         Command::Bench { model, args, engine } => bench::run(&model.path(), &args, &engine.options()),
         Command::BenchKernels(args) => bench::kernels(&args),
         Command::BenchStream { model, args, engine } => bench_stream::run(&model.path(), &args, &engine.options()),
-        Command::BenchPrefill { model, args, engine } => bench_prefill::run(&model.path(), &args, &engine.options()),
         Command::Generate { args, engine } => {
             generate::generate(&args.gguf, &args.prompt, args.system.as_deref(), args.raw, &args.gen, &engine.options())
         }

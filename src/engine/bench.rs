@@ -34,6 +34,8 @@ pub struct BenchRow {
     pub seconds: f64,
     pub tokens_per_s: f64,
     pub ms_per_token: f64,
+    /// µs per token per trunk layer (the head's share included), to set beside per-layer figures of other engines.
+    pub us_per_token_per_layer: f64,
     /// Prefill: tok/s over the token-by-token prefill of the same prompt in the same run.
     pub speedup: Option<f64>,
     pub syncs_per_token: f64,
@@ -84,6 +86,7 @@ fn row(engine: &Engine, mode: &str, phase: &str, prompt: usize, chunk: usize, to
         seconds,
         tokens_per_s: n / seconds,
         ms_per_token: 1e3 * seconds / n,
+        us_per_token_per_layer: 1e6 * seconds / n / engine.config.n_layer.max(1) as f64,
         speedup: None,
         syncs_per_token: (c.readbacks - since.gpu.readbacks) as f64 / n,
         dispatches_per_token: (c.dispatches - since.gpu.dispatches) as f64 / n,
@@ -101,10 +104,18 @@ fn row(engine: &Engine, mode: &str, phase: &str, prompt: usize, chunk: usize, to
 /// decode rows their floor.
 pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gbs: Option<f64>, rows: &mut Vec<BenchRow>) -> Result<(), String> {
     let vocab = engine.vocab_size();
+    if let Some(&prompt) = plan.prompts.iter().find(|&&p| p + plan.decode > engine.n_ctx) {
+        return Err(format!("a prompt of {prompt} tokens and {} decoded do not fit the context of {} tokens (--ctx)", plan.decode, engine.n_ctx));
+    }
+    // a warm-up through every path the rows time (each chunk size, a decode step), so that no row pays for
+    // compiling pipelines or first allocations
+    for &chunk in &plan.chunks {
+        engine.set_prefill(chunk, None)?;
+        let warm = prompt_tokens((2 * chunk + 1).min(engine.n_ctx.saturating_sub(2)).max(1), vocab, plan.seed ^ 0x5eed);
+        let logits = engine.feed(&warm).await?;
+        engine.step_argmax(crate::generate::sampler::argmax(&logits)).await?;
+    }
     for &prompt in &plan.prompts {
-        if prompt + plan.decode > engine.n_ctx {
-            return Err(format!("a prompt of {prompt} tokens and {} decoded do not fit the context of {} tokens (--ctx)", plan.decode, engine.n_ctx));
-        }
         let tokens = prompt_tokens(prompt, vocab, plan.seed);
         let mut baseline: Option<f64> = None;
         let mut logits = Vec::new();
@@ -170,19 +181,20 @@ pub async fn read_bandwidth(gpu: &Gpu, max_bytes: u64, reps: u32) -> Result<f64,
 /// The rows as a fixed-width table.
 pub fn table(rows: &[BenchRow]) -> String {
     let mut out = format!(
-        "{:<12} {:<8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>7} {:>8} {:>8} {:>8} {:>6}\n",
-        "mode", "phase", "prompt", "chunk", "tok/s", "ms/tok", "speedup", "syncs", "submits", "dispatch", "MB rd", "MB up", "hit %", "floor ms", "×floor"
+        "{:<12} {:<8} {:>6} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>7} {:>8} {:>8} {:>8} {:>6}\n",
+        "mode", "phase", "prompt", "chunk", "tok/s", "ms/tok", "µs/tok/L", "speedup", "syncs", "submits", "dispatch", "MB rd", "MB up", "hit %", "floor ms", "×floor"
     );
     let opt = |v: Option<f64>, digits: usize| v.map(|v| format!("{v:.digits$}")).unwrap_or_else(|| "-".into());
     for r in rows {
         out += &format!(
-            "{:<12} {:<8} {:>6} {:>5} {:>9.1} {:>9.3} {:>8} {:>7.2} {:>7.2} {:>9.1} {:>7.2} {:>8.2} {:>8.1} {:>8} {:>6}\n",
+            "{:<12} {:<8} {:>6} {:>5} {:>9.1} {:>9.3} {:>9.1} {:>8} {:>7.2} {:>7.2} {:>9.1} {:>7.2} {:>8.2} {:>8.1} {:>8} {:>6}\n",
             r.mode,
             r.phase,
             r.prompt,
             r.chunk,
             r.tokens_per_s,
             r.ms_per_token,
+            r.us_per_token_per_layer,
             opt(r.speedup, 1),
             r.syncs_per_token,
             r.submits_per_token,

@@ -119,6 +119,31 @@ export interface GenerateEvent {
   finishReason: FinishReason | null;
 }
 
+export interface BenchOptions {
+  /** Prompt lengths (tokens) to prefill (default [128, 512]); each must fit the context with `decode`. */
+  prompts?: number[];
+  /** Tokens decoded (greedy) after each prompt (default 32). */
+  decode?: number;
+  /** Prefill chunk sizes to compare (default [1, 256]; 1, token by token, is the baseline and runs first). */
+  chunks?: number[];
+  /** Seed of the prompts' token ids (default 1). */
+  seed?: number;
+}
+
+export interface BenchRow {
+  mode: string; phase: "prefill" | "decode"; prompt: number; chunk: number; tokens: number; seconds: number;
+  tokensPerS: number; msPerToken: number; speedup: number | null; syncsPerToken: number; dispatchesPerToken: number;
+  submitsPerToken: number; mbReadPerToken: number; mbUploadedPerToken: number; hitRate: number;
+  floorMsPerToken: number | null; timesFloor: number | null;
+}
+
+/** What `Engine.bench` measured: the rows, the same table `lingtab bench` prints, and the memory-read rate. */
+export interface BenchResult {
+  bandwidthGBs: number;
+  rows: BenchRow[];
+  table: string;
+}
+
 export interface EngineStats {
   adapter: string;
   contextLength: number;
@@ -331,6 +356,36 @@ fn parse_generate_options(options: &JsValue) -> Result<GenerateOptions, JsError>
     Ok(GenerateOptions { max_tokens, sampling, stop: o.stop.unwrap_or_default(), thinking: o.thinking.unwrap_or(true) })
 }
 
+/// `BenchOptions` as the bench's plan, each value checked.
+fn parse_bench_options(options: &JsValue) -> Result<crate::engine::bench::BenchPlan, JsError> {
+    let count = |key: &str, v: &JsValue| -> Result<usize, JsError> {
+        v.as_f64().filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x <= 1e7).map(|x| x as usize).ok_or_else(|| js_error(format!("bench: {key} must hold whole numbers of tokens, not {v:?}")))
+    };
+    let list = |key: &str, default: &[usize]| -> Result<Vec<usize>, JsError> {
+        match get(options, key) {
+            None => Ok(default.to_vec()),
+            Some(v) if js_sys::Array::is_array(&v) => js_sys::Array::from(&v).iter().map(|x| count(key, &x)).collect(),
+            Some(v) => Err(js_error(format!("bench: {key} must be an array of numbers, not {v:?}"))),
+        }
+    };
+    let prompts = list("prompts", &[128, 512])?;
+    if prompts.iter().any(|&p| p == 0) {
+        return Err(js_error("bench: a prompt holds at least one token"));
+    }
+    let mut chunks = vec![1];
+    for c in list("chunks", &[1, crate::engine::DEFAULT_PREFILL_CHUNK])? {
+        if c == 0 {
+            return Err(js_error("bench: a chunk holds at least one token"));
+        }
+        if !chunks.contains(&c) {
+            chunks.push(c);
+        }
+    }
+    let decode = get(options, "decode").map(|v| count("decode", &v)).transpose()?.unwrap_or(32);
+    let seed = get(options, "seed").map(|v| count("seed", &v)).transpose()?.unwrap_or(1) as u64;
+    Ok(crate::engine::bench::BenchPlan { prompts, decode, chunks, seed })
+}
+
 #[wasm_bindgen]
 impl Engine {
     /// Loads a model onto the WebGPU device: its GGUF headers and weights over HTTP Range requests (`model`), or
@@ -527,6 +582,39 @@ impl Engine {
         let messages = parse_messages(messages)?;
         let text = crate::model::chat::render(&messages, thinking.unwrap_or(true));
         Ok(self.session.borrow().as_ref().expect("checked").tokenizer.encode(&text, true))
+    }
+
+    /// Runs `lingtab bench`'s measurement on this engine: prefill per prompt length and chunk size, then a greedy
+    /// decode, with syncs, dispatches, submissions, store bytes and cache hits per token. The conversation is
+    /// forgotten (the bench uses the engine's states).
+    #[wasm_bindgen(unchecked_return_type = "Promise<BenchResult>")]
+    pub fn bench(&self, #[wasm_bindgen(unchecked_param_type = "BenchOptions")] options: JsValue) -> Result<js_sys::Promise, JsError> {
+        self.check_usable()?;
+        let plan = parse_bench_options(&options)?;
+        let mut session = self.session.borrow_mut().take().expect("checked above");
+        let home = self.session.clone();
+        let disposed = self.disposed.clone();
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let engine = &mut session.engine;
+            let (chunk, span) = (engine.prefill_chunk(), engine.prefill_span());
+            let mode = if engine.is_streaming() { format!("pool {}", engine.stats().pool_slots) } else { "resident".to_string() };
+            let mut rows = Vec::new();
+            let measured = async {
+                let bandwidth = crate::engine::bench::read_bandwidth(&engine.gpu, 256 << 20, 10).await?;
+                crate::engine::bench::run(engine, &mode, &plan, Some(bandwidth), &mut rows).await?;
+                Ok::<f64, String>(bandwidth)
+            }
+            .await;
+            let restored = engine.set_prefill(chunk, Some(span));
+            session.reset();
+            if !*disposed.borrow() {
+                *home.borrow_mut() = Some(session);
+            }
+            let bandwidth = measured.map_err(|e| JsValue::from(js_error(e)))?;
+            restored.map_err(|e| JsValue::from(js_error(e)))?;
+            let table = crate::engine::bench::table(&rows);
+            to_js(&serde_json::json!({ "bandwidthGBs": bandwidth, "rows": rows, "table": table })).map_err(JsValue::from)
+        }))
     }
 
     /// Counters of the engine and its last generation.

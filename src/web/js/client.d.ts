@@ -1,4 +1,4 @@
-import type { ChatMessage, EngineStats, GenerateEvent, GenerateOptions, IngestOptions, LoadOptions, StoreSummary } from "./lingtab.js";
+import type { BenchOptions, BenchResult, ChatMessage, EngineStats, GenerateEvent, GenerateOptions, IngestOptions, LoadOptions, StoreSummary } from "./lingtab.js";
 
 /** The Engine API with the engine in a dedicated worker (the page never waits on the GPU). */
 export declare class WorkerEngine {
@@ -10,6 +10,8 @@ export declare class WorkerEngine {
   static deleteStore(name: string): Promise<boolean>;
   generate(messages: ChatMessage[], options?: GenerateOptions): AsyncIterableIterator<GenerateEvent>;
   stats(): Promise<EngineStats>;
+  /** `Engine.bench` in the worker: the rows and the table of `lingtab bench`. */
+  bench(options?: BenchOptions): Promise<BenchResult>;
   reset(): Promise<void>;
   dispose(): Promise<void>;
   /** Ends the worker at once, whatever it is doing; pending calls reject, and so does every later call

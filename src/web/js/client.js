@@ -114,6 +114,7 @@ export class WorkerEngine {
 
   /** Counters of the engine (a promise here: they live in the worker). */
   stats() { return this.#request(this.#id(), { type: "stats" }); }
+  bench(options) { return this.#request(this.#id(), { type: "bench", options }); }
   reset() { return this.#request(this.#id(), { type: "reset" }); }
   async dispose() {
     if (this.#dead) return;

@@ -1,6 +1,6 @@
 // lingtab in a dedicated worker: the engine runs here, so the page's main thread never waits on the GPU or the
 // network, and OPFS stores are written through sync access handles (which only workers have). Messages in:
-// {id, type: "load"|"generate"|"abort"|"stats"|"reset"|"dispose"|"ingest"|"listStores"|"storeInfo"|"deleteStore", ...};
+// {id, type: "load"|"generate"|"abort"|"stats"|"bench"|"reset"|"dispose"|"ingest"|"listStores"|"storeInfo"|"deleteStore", ...};
 // messages out: {id, type: "progress"|"event"|"done"|"error", ...}. The main-thread side is lingtab-client.js.
 import init, { Engine, ingest, listStores, storeInfo, deleteStore } from "./lingtab.js";
 
@@ -69,6 +69,9 @@ self.onmessage = async ({ data }) => {
         return reply(id, "done");
       case "stats":
         return reply(id, "done", { value: engine ? engine.stats() : null });
+      case "bench":
+        if (!engine) throw new Error("no engine is loaded in this worker");
+        return reply(id, "done", { value: await engine.bench(data.options ?? {}) });
       case "reset":
         engine?.reset();
         return reply(id, "done");
