@@ -49,9 +49,11 @@ fn bytes_f32(q: u32, bias: f32) -> vec4<f32> {
     return vec4<f32>(unpack4xU8(q)) - vec4<f32>(bias);
 }
 
-fn x4(i: u32) -> vec4<f32> {
-    return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
-}
+// x[i], and x[i..i+4] for i a multiple of 4. matvec.rs binds x as array<vec4<f32>> (and swaps these two lines
+// for single loads) when every x offset is a multiple of 4: scalar loads of 16-byte strided lanes cost a warp
+// four times the cache wavefronts, and x is read once per block for every lane.
+fn x1(i: u32) -> f32 { return x[i]; }
+fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }
 
 // The little-endian u32 at even byte `b` (Q6_K blocks are 210 bytes: every other one starts mid-word),
 // without a branch: lanes of one warp may read blocks of either alignment.
@@ -161,7 +163,7 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
         default: {
             for (var sb = lane; sb < p.cols / 32u; sb += p.lanes) {
                 for (var l = 0u; l < 32u; l++) {
-                    let xv = x[xb + sb * 32u + l];
+                    let xv = x1(xb + sb * 32u + l);
                     for (var r = 0u; r < ROWS; r++) { acc[r] += row_value(p.ty, rows[r], sb * 32u + l) * xv; }
                 }
             }

@@ -104,8 +104,9 @@ pub struct BenchKernelsArgs {
     /// Products per measurement (after one warm-up)
     #[arg(long, default_value_t = 50)]
     pub reps: u32,
-    /// Kernel variants to measure, comma-separated (r1m, r2m, r4m, r1i, r2i, r4i, r2mn, r4mn: rows per lane group,
-    /// magic or integer conversion, n: one block at a time), or "all"; empty: the default only
+    /// Kernel variants to measure besides each matrix's default, comma-separated (r1i, r2i, r4i, r1m, r2m, r4m,
+    /// r2in, r4in, r4is: rows per lane group, integer or magic conversion, n: one block at a time, s: x read as
+    /// f32), or "all"
     #[arg(long, default_value = "")]
     pub variants: String,
     /// Print the rows as JSON
@@ -175,14 +176,17 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
         let limit = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         let read = bench::read_bandwidth(&gpu, 1 << 30, 20).await?;
         let variants: Vec<matvec::Variant> = match args.variants.trim() {
-            "" => vec![matvec::variant()],
+            "" => Vec::new(),
             "all" => matvec::Variant::ALL.to_vec(),
             list => list.split(',').map(|v| matvec::Variant::parse(v.trim()).ok_or_else(|| format!("--variants: no variant {v:?}"))).collect::<Result<_, _>>()?,
         };
         let mut rows = vec![KernelRow { product: "memory read (baseline)".into(), variant: String::new(), mb_per_product: 0.0, us_per_product: 0.0, gb_per_s: read, share_of_read: 1.0, us_gpu_only: 0.0, gb_per_s_gpu_only: read }];
-        let row = |product: &str, v: matvec::Variant, bytes: u64, (secs, gpu_secs): (f64, f64)| KernelRow {
+        // the default variant of each matrix first (None), then the ones asked for
+        let variants: Vec<Option<matvec::Variant>> = std::iter::once(None).chain(variants.into_iter().map(Some)).collect();
+        let name_of = |v: Option<matvec::Variant>, m: Matrix| v.map(|v| v.name()).unwrap_or_else(|| format!("{}*", matvec::Variant::for_matrix(m).name()));
+        let row = |product: &str, v: String, bytes: u64, (secs, gpu_secs): (f64, f64)| KernelRow {
             product: product.into(),
-            variant: v.name(),
+            variant: v,
             mb_per_product: bytes as f64 / 1e6,
             us_per_product: 1e6 * secs,
             gb_per_s: bytes as f64 / secs / 1e9,
@@ -190,9 +194,11 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
             us_gpu_only: 1e6 * gpu_secs,
             gb_per_s_gpu_only: bytes as f64 / gpu_secs / 1e9,
         };
-        // (name, type, rows, cols): Ling 3.0 Flash's head, a KDA projection in and out, an expert's down rows
+        // (name, type, rows, cols): a product too small to cost anything but its dispatch (the floor under the
+        // small ones), Ling 3.0 Flash's head, a KDA projection in and out, an expert's down rows
         let dense = [
-            ("head 2560→157184 Q6_K", GgmlType::Q6_K, 157184u32, 2560u32),
+            ("dispatch floor 256→1 Q4_K", GgmlType::Q4_K, 1u32, 256u32),
+            ("head 2560→157184 Q6_K", GgmlType::Q6_K, 157184, 2560),
             ("attn_q 2560→4096 Q4_K", GgmlType::Q4_K, 4096, 2560),
             ("attn_output 4096→2560 Q4_K", GgmlType::Q4_K, 2560, 4096),
             ("shared down 768→2560 Q6_K", GgmlType::Q6_K, 2560, 768),
@@ -213,11 +219,12 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
                 let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
                     for (&(first, rows), w) in pieces.iter().zip(&buffers) {
                         let m = Matrix { rows, byte_offset: (i as u64 % copies) * stride, ..m };
+                        let v = v.unwrap_or(matvec::Variant::for_matrix(m));
                         matvec::batched_as(v, &gpu, pass, w, m, 0, &x, Strided::at(0), &y, Strided::at(first), 1);
                     }
                 })
                 .await?;
-                rows.push(row(name, v, bytes, secs));
+                rows.push(row(name, name_of(v, m), bytes, secs));
             }
         }
         // 8 selected experts' gate|up (Q4_K, 2×768 rows of 2560) and down (Q6_K, 2560 rows of 768) from a pool
@@ -239,11 +246,12 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
             for &v in &variants {
                 let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
                     let sel = &sels[i as usize % sels.len()];
+                    let v = v.unwrap_or(matvec::Variant::for_matrix(m));
                     matvec::experts_as(v, &gpu, pass, chunk, m, sel, &table, 0, k, &x, Strided { offset: 0, stride: x_stride }, &y, Strided { offset: 0, stride: y_stride });
                 })
                 .await?;
                 let bytes = k as u64 * m.rows as u64 * m.row_bytes() as u64;
-                rows.push(row(name, v, bytes, secs));
+                rows.push(row(name, name_of(v, m), bytes, secs));
             }
         }
         if args.json {

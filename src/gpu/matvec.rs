@@ -3,7 +3,6 @@
 
 use super::{Gpu, Pass, P};
 use crate::quant::GgmlType;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 const QUANT: &str = include_str!("../../shaders/quant.wgsl");
@@ -11,31 +10,41 @@ const MATVEC: &str = include_str!("../../shaders/matvec.wgsl");
 const EXPERTS: &str = include_str!("../../shaders/matvec_experts.wgsl");
 const DENSE_MARKER: &str = "// ---- dense entry point";
 
-/// How the kernel is specialised (compile-time constants of matvec.wgsl): rows per lane group, and whether
-/// quants become f32 through exponent bits (`magic`) or an integer conversion. Benchmarks compare them.
+/// How the kernel is specialised (compile-time constants of matvec.wgsl): rows per lane group, whether quants
+/// become f32 through exponent bits (`magic`) or an integer conversion, Q4_K/Q6_K rows one block at a time
+/// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Variant {
     pub rows: u32,
     pub magic: bool,
-    /// Q4_K/Q6_K rows always one block at a time (16 lanes), never two side by side
     pub narrow: bool,
+    pub scalar_x: bool,
+}
+
+const fn v(rows: u32, magic: bool, narrow: bool, scalar_x: bool) -> Variant {
+    Variant { rows, magic, narrow, scalar_x }
 }
 
 impl Variant {
-    pub const ALL: [Variant; 8] = [
-        Variant { rows: 1, magic: true, narrow: false },
-        Variant { rows: 2, magic: true, narrow: false },
-        Variant { rows: 4, magic: true, narrow: false },
-        Variant { rows: 1, magic: false, narrow: false },
-        Variant { rows: 2, magic: false, narrow: false },
-        Variant { rows: 4, magic: false, narrow: false },
-        Variant { rows: 2, magic: true, narrow: true },
-        Variant { rows: 4, magic: true, narrow: true },
+    pub const ALL: [Variant; 9] = [
+        v(1, false, false, false),
+        v(2, false, false, false),
+        v(4, false, false, false),
+        v(1, true, false, false),
+        v(2, true, false, false),
+        v(4, true, false, false),
+        v(2, false, true, false),
+        v(4, false, true, false),
+        v(4, false, false, true),
     ];
-    pub const DEFAULT: Variant = Variant { rows: 2, magic: true, narrow: false };
+
+    /// The variant [`matvec`], [`batched`] and [`experts`] use for a matrix: the fastest measured on the H200 (bench-kernels --variants all).
+    pub fn for_matrix(m: Matrix) -> Variant {
+        v(if m.rows >= 16384 { 4 } else { 1 }, false, false, false)
+    }
 
     pub fn name(self) -> String {
-        format!("r{}{}{}", self.rows, if self.magic { "m" } else { "i" }, if self.narrow { "n" } else { "" })
+        format!("r{}{}{}{}", self.rows, if self.magic { "m" } else { "i" }, if self.narrow { "n" } else { "" }, if self.scalar_x { "s" } else { "" })
     }
 
     pub fn parse(s: &str) -> Option<Variant> {
@@ -47,20 +56,20 @@ impl Variant {
     }
 }
 
-static VARIANT: AtomicUsize = AtomicUsize::new(usize::MAX);
+const X_SCALAR: [&str; 3] = [
+    "var<storage, read> x: array<f32>;",
+    "fn x1(i: u32) -> f32 { return x[i]; }",
+    "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }",
+];
+const X_VEC4: [&str; 3] = [
+    "var<storage, read> x: array<vec4<f32>>;",
+    "fn x1(i: u32) -> f32 { return x[i >> 2u][i & 3u]; }",
+    "fn x4(i: u32) -> vec4<f32> { return x[i >> 2u]; }",
+];
 
-/// The variant every later product uses (for benchmarks and tests; the default is the fastest measured).
-pub fn set_variant(v: Variant) {
-    VARIANT.store(v.index(), Ordering::Relaxed);
-}
-
-pub fn variant() -> Variant {
-    Variant::ALL.get(VARIANT.load(Ordering::Relaxed)).copied().unwrap_or(Variant::DEFAULT)
-}
-
-/// (dense, experts) sources of every variant.
-fn sources() -> &'static [(String, String)] {
-    static S: OnceLock<Vec<(String, String)>> = OnceLock::new();
+/// (dense, experts) sources of every variant, with x as f32 [0] and as vec4 [1].
+fn sources() -> &'static [[(String, String); 2]] {
+    static S: OnceLock<Vec<[(String, String); 2]>> = OnceLock::new();
     S.get_or_init(|| {
         Variant::ALL
             .iter()
@@ -70,10 +79,26 @@ fn sources() -> &'static [(String, String)] {
                     .replacen("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic), 1);
                 assert!(m.contains(&format!("const ROWS: u32 = {}u;", v.rows)) && m.contains(&format!("const MAGIC: bool = {};", v.magic)), "matvec.wgsl declares ROWS and MAGIC");
                 let core = &m[..m.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
-                (format!("{QUANT}{m}"), format!("{QUANT}{core}{EXPERTS}"))
+                let dense = format!("{QUANT}{m}");
+                let experts = format!("{QUANT}{core}{EXPERTS}");
+                let vec4 = |s: &str| {
+                    let mut s = s.to_string();
+                    for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
+                        assert!(s.contains(from), "matvec.wgsl has {from:?}");
+                        s = s.replace(from, to);
+                    }
+                    s
+                };
+                let (dense4, experts4) = (vec4(&dense), vec4(&experts));
+                [(dense, experts), (dense4, experts4)]
             })
             .collect()
     })
+}
+
+/// Whether x can be bound as vec4: every offset a multiple of 4 floats and the buffer whole vec4s.
+fn x_as_vec4(v: Variant, x: &wgpu::Buffer, at: Strided) -> bool {
+    !v.scalar_x && at.offset % 4 == 0 && at.stride % 4 == 0 && x.size() % 16 == 0
 }
 
 /// A matrix of `rows` rows of `cols` values of type `ty`, starting at `byte_offset` of its buffer.
@@ -112,14 +137,15 @@ pub fn matvec(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu:
 /// `n` products: matrix b at `m.byte_offset + b·w_stride` bytes, its x and y at their strided offsets.
 #[allow(clippy::too_many_arguments)]
 pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
-    batched_as(variant(), gpu, pass, w, m, w_stride, x, x_at, y, y_at, n);
+    batched_as(Variant::for_matrix(m), gpu, pass, w, m, w_stride, x, x_at, y, y_at, n);
 }
 
 /// [`batched`] with a given kernel variant.
 #[allow(clippy::too_many_arguments)]
 pub fn batched_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
-    let kernel = gpu.kernel(&format!("matvec.wgsl {}", v.name()), &sources()[v.index()].0, "matvec");
+    let x4 = x_as_vec4(v, x, x_at);
+    let kernel = gpu.kernel(&format!("matvec.wgsl {}{}", v.name(), if x4 { " x4" } else { "" }), &sources()[v.index()][x4 as usize].0, "matvec");
     let params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0]);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n));
@@ -140,14 +166,15 @@ pub struct PoolChunk<'a> {
 /// Only experts whose slot lies in `chunk` are computed; call once per pool buffer.
 #[allow(clippy::too_many_arguments)]
 pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided) {
-    experts_as(variant(), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, y, y_at);
+    experts_as(Variant::for_matrix(m), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, y, y_at);
 }
 
 /// [`experts`] with a given kernel variant.
 #[allow(clippy::too_many_arguments)]
 pub fn experts_as(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
-    let kernel = gpu.kernel(&format!("matvec_experts.wgsl {}", v.name()), &sources()[v.index()].1, "matvec_experts");
+    let x4 = x_as_vec4(v, x, x_at);
+    let kernel = gpu.kernel(&format!("matvec_experts.wgsl {}{}", v.name(), if x4 { " x4" } else { "" }), &sources()[v.index()][x4 as usize].1, "matvec_experts");
     let params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index]);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, k));

@@ -46,18 +46,22 @@ pub async fn matvec_every_type_matches_reference(gpu: &Gpu) {
         buffer_bytes.extend_from_slice(&bytes);
         let w_buf = gpu.upload("w", &buffer_bytes);
         let x = rng.normals(cols, 1.0);
-        let mut x_padded = vec![7.0f32; 5];
-        x_padded.extend_from_slice(&x);
-        let x_buf = gpu.upload("x", &f32_bytes(&x_padded));
-        let y_buf = poisoned(gpu, "y", rows + 3);
-        let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: lead as u64 };
-        let mut pass = Pass::new();
-        matvec::batched_as(v, gpu, &mut pass, &w_buf, m, 0, &x_buf, Strided::at(5), &y_buf, Strided::at(3), 1);
-        pass.submit(gpu);
-        let y = read_f32(gpu, &y_buf, rows + 3).await;
-        let name = v.name();
-        assert!(y[..3].iter().all(|v| v.is_nan()), "{ty} {name}: wrote before y_offset");
-        check(&format!("{ty}×{cols} {name} (seed {seed})"), &y[3..], &w, &x, rows, cols);
+        // x at an odd offset (read as f32) and at a multiple of 4 in whole vec4s (read as vec4)
+        for x_at in [5usize, 4] {
+            let mut x_padded = vec![7.0f32; x_at];
+            x_padded.extend_from_slice(&x);
+            x_padded.resize(x_padded.len().next_multiple_of(4), 7.0);
+            let x_buf = gpu.upload("x", &f32_bytes(&x_padded));
+            let y_buf = poisoned(gpu, "y", rows + 3);
+            let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: lead as u64 };
+            let mut pass = Pass::new();
+            matvec::batched_as(v, gpu, &mut pass, &w_buf, m, 0, &x_buf, Strided::at(x_at as u32), &y_buf, Strided::at(3), 1);
+            pass.submit(gpu);
+            let y = read_f32(gpu, &y_buf, rows + 3).await;
+            let name = v.name();
+            assert!(y[..3].iter().all(|v| v.is_nan()), "{ty} {name}: wrote before y_offset");
+            check(&format!("{ty}×{cols} {name} x at {x_at} (seed {seed})"), &y[3..], &w, &x, rows, cols);
+        }
     }
 }
 
