@@ -55,12 +55,11 @@ fn bytes_f32(q: u32, bias: f32) -> vec4<f32> {
 fn x1(i: u32) -> f32 { return x[i]; }
 fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }
 
-// The little-endian u32 at even byte `b` (Q6_K blocks are 210 bytes: every other one starts mid-word),
-// without a branch: lanes of one warp may read blocks of either alignment.
-fn word_even(b: u32) -> u32 {
-    let i = b >> 2u;
-    let s = (b & 2u) * 8u; // 0 or 16
-    return (weights[i] >> s) | ((weights[i + 1u] << (16u - s)) << 16u);
+// Words i.. of a row read from byte 4·i + s/8 (s 0 or 16: Q6_K blocks are 210 bytes, so every other one starts
+// mid-word). The branch is uniform where the rows of a warp share an alignment (row bytes a multiple of 4).
+fn word_at(i: u32, s: u32) -> u32 {
+    if (s == 0u) { return weights[i]; }
+    return (weights[i] >> 16u) | (weights[i + 1u] << 16u);
 }
 
 // Q6_K lane t (0..16) of a block: values 4·(t%8)..+4 of each of the four 32-value quarters of half t/8.
@@ -69,25 +68,33 @@ fn q6k_x(xb: u32, t: u32) -> array<vec4<f32>, 4> {
     return array<vec4<f32>, 4>(x4(i), x4(i + 32u), x4(i + 64u), x4(i + 96u));
 }
 
-fn q6k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>) -> f32 {
+// The sums of each x4 of q6k_x, times 32: the quants' offset of 32, taken off once per quarter.
+fn q6k_bias(xs: array<vec4<f32>, 4>) -> vec4<f32> {
+    let one = vec4<f32>(32.0);
+    return vec4<f32>(dot(xs[0], one), dot(xs[1], one), dot(xs[2], one), dot(xs[3], one));
+}
+
+fn q6k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, bias: vec4<f32>) -> f32 {
     let half = t / 8u;
     let l0 = (t % 8u) * 4u;
-    let lo = word_even(block + half * 64u + l0); // quarters 0 (low nibbles) and 2 (high)
-    let hi = word_even(block + half * 64u + 32u + l0); // quarters 1 and 3
-    let h = word_even(block + 128u + half * 32u + l0); // 2 high bits of each quarter
+    // every word below is at a multiple of 4 bytes from the block's start
+    let s = (block & 2u) * 8u;
+    let w = block >> 2u;
+    let lo = word_at(w + half * 16u + l0 / 4u, s); // quarters 0 (low nibbles) and 2 (high)
+    let hi = word_at(w + half * 16u + 8u + l0 / 4u, s); // quarters 1 and 3
+    let h = word_at(w + 32u + half * 8u + l0 / 4u, s); // 2 high bits of each quarter
     // int8 scales: quarter q of this lane's 16-value group is scale 8·half + l0/16 + 2q
-    let sa = word_even(block + 192u + half * 8u);
-    let sb = word_even(block + 196u + half * 8u);
-    let s = (l0 / 16u) * 8u;
+    let sa = word_at(w + 48u + half * 2u, s);
+    let sb = word_at(w + 49u + half * 2u, s);
+    let d = unpack2x16float(word_at(w + 52u, s)).x;
+    let k = (l0 / 16u) * 8u;
     let q0 = (lo & 0x0f0f0f0fu) | ((h << 4u) & 0x30303030u);
     let q1 = (hi & 0x0f0f0f0fu) | ((h << 2u) & 0x30303030u);
     let q2 = ((lo >> 4u) & 0x0f0f0f0fu) | (h & 0x30303030u);
     let q3 = ((hi >> 4u) & 0x0f0f0f0fu) | ((h >> 2u) & 0x30303030u);
-    let acc = f32(sign_extend8(sa >> s)) * dot(bytes_f32(q0, 32.0), xs[0])
-            + f32(sign_extend8(sa >> (s + 16u))) * dot(bytes_f32(q1, 32.0), xs[1])
-            + f32(sign_extend8(sb >> s)) * dot(bytes_f32(q2, 32.0), xs[2])
-            + f32(sign_extend8(sb >> (s + 16u))) * dot(bytes_f32(q3, 32.0), xs[3]);
-    return w_f16(block + 208u) * acc;
+    let sc = vec4<f32>(vec4<i32>(vec4<u32>(sa << (24u - k), sa << (8u - k), sb << (24u - k), sb << (8u - k))) >> vec4<u32>(24u));
+    let dots = vec4<f32>(dot(bytes_f32(q0, 0.0), xs[0]), dot(bytes_f32(q1, 0.0), xs[1]), dot(bytes_f32(q2, 0.0), xs[2]), dot(bytes_f32(q3, 0.0), xs[3]));
+    return d * dot(sc, dots - bias);
 }
 
 // Q4_K lane t (0..16) of a block: bytes 8·(t%4)..+8 of 64-value chunk t/4, low nibbles (sub-block 2c, values
@@ -97,7 +104,12 @@ fn q4k_x(xb: u32, t: u32) -> array<vec4<f32>, 4> {
     return array<vec4<f32>, 4>(x4(i), x4(i + 4u), x4(i + 32u), x4(i + 36u));
 }
 
-fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>) -> f32 {
+// The sums of the low-nibble and the high-nibble x of q4k_x (for the mins).
+fn q4k_sums(xs: array<vec4<f32>, 4>) -> vec2<f32> {
+    return vec2<f32>(dot(xs[0] + xs[1], vec4<f32>(1.0)), dot(xs[2] + xs[3], vec4<f32>(1.0)));
+}
+
+fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, sums: vec2<f32>) -> f32 {
     let c = t / 4u;
     let w = block >> 2u;
     let dm = unpack2x16float(weights[w]);
@@ -123,9 +135,7 @@ fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>) -> f32 {
     let b = weights[q + 1u];
     let lo = dot(bytes_f32(a & 0x0f0f0f0fu, 0.0), xs[0]) + dot(bytes_f32(b & 0x0f0f0f0fu, 0.0), xs[1]);
     let hi = dot(bytes_f32((a >> 4u) & 0x0f0f0f0fu, 0.0), xs[2]) + dot(bytes_f32((b >> 4u) & 0x0f0f0f0fu, 0.0), xs[3]);
-    let x_lo = dot(xs[0] + xs[1], vec4<f32>(1.0));
-    let x_hi = dot(xs[2] + xs[3], vec4<f32>(1.0));
-    return dm.x * (f32(sc.x) * lo + f32(sc.y) * hi) - dm.y * (f32(mn.x) * x_lo + f32(mn.y) * x_hi);
+    return dm.x * (f32(sc.x) * lo + f32(sc.y) * hi) - dm.y * dot(vec2<f32>(mn), sums);
 }
 
 // The first row of this workgroup.
@@ -153,10 +163,12 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
                 let xb = xb + blk * 256u;
                 if (p.ty == 14u) {
                     let xs = q6k_x(xb, t);
-                    for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot(rows[r] + blk * block_bytes, t, xs); }
+                    let bias = q6k_bias(xs);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot(rows[r] + blk * block_bytes, t, xs, bias); }
                 } else {
                     let xs = q4k_x(xb, t);
-                    for (var r = 0u; r < ROWS; r++) { acc[r] += q4k_dot(rows[r] + blk * block_bytes, t, xs); }
+                    let sums = q4k_sums(xs);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += q4k_dot(rows[r] + blk * block_bytes, t, xs, sums); }
                 }
             }
         }

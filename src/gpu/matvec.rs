@@ -40,7 +40,7 @@ impl Variant {
 
     /// The variant [`matvec`], [`batched`] and [`experts`] use for a matrix: the fastest measured on the H200 (bench-kernels --variants all).
     pub fn for_matrix(m: Matrix) -> Variant {
-        v(if m.rows >= 16384 { 4 } else { 1 }, false, false, false)
+        if m.rows >= 16384 { v(4, false, true, false) } else { v(1, false, false, false) }
     }
 
     pub fn name(self) -> String {
