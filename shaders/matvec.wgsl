@@ -1,12 +1,14 @@
 // Matrix-vector products over ggml rows read straight from their GGUF bytes: y[r] = Σ_i W[r, i]·x[i].
-// Each row gets `lanes` invocations (a power of two ≤ 64, about one per 32-value sub-block, so short rows do not
-// leave most of a workgroup idle); a workgroup of 64 handles 64 / lanes rows. Each invocation takes sub-blocks
-// (one scale each) in turn, and the row's lanes sum their partial dots. workgroup_id.z selects a matrix of a batch:
+// A workgroup of 256 is split into lane groups of `lanes` invocations (16 or 32 for Q4_K and Q6_K: 16 per
+// 256-value block, one or two blocks side by side; 4..32 for the other types: one per 32-value sub-block);
+// each lane group computes ROWS neighbouring rows at once, so every x value it loads serves ROWS rows and each
+// lane has ROWS rows' loads in flight. Lanes walk their row in whole blocks, the 16 lanes of a block reading
+// neighbouring words; one reduction through workgroup memory at the end. workgroup_id.z selects a matrix:
 //   matvec          batch b: weights at w_offset + b·w_stride, x at x_offset + b·x_stride, y at y_offset + b·y_stride
 //                   (per-head MLA products, or a single product with one batch)
 //   matvec_experts  batch j: the j-th selected expert, sel[j], read from its slot of the expert pool
 //                   (slots[slot_base + sel[j]]); only slots in this pool buffer (`chunk`) are computed here.
-// Prepended with quant.wgsl; the bindings come with each entry point.
+// Prepended with quant.wgsl; the bindings come with each entry point. matvec.rs sets ROWS and MAGIC per variant.
 
 struct Params {
     rows: u32,
@@ -24,113 +26,184 @@ struct Params {
     slot_base: u32,
     slots_per_chunk: u32,
     chunk: u32,
-    // invocations per row (power of two ≤ 64)
+    // invocations per row: 16 or 32 for Q4_K/Q6_K, a power of two in 4..32 otherwise
     lanes: u32,
 }
 
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, 64>;
+const WG: u32 = 256u;
+// rows per lane group
+const ROWS: u32 = 2u;
+// quants to f32 through the exponent bits of 2^23 (an OR and a subtraction) rather than an int conversion
+const MAGIC: bool = true;
+var<workgroup> partial: array<f32, WG * ROWS>;
 
-// Σ over the 32 values of task `sb` of the row at byte `row`, times x. `xb` is where the x of sub-block `sb`
-// starts (the 32 consecutive values most types' tasks cover). Q4_K and Q6_K tasks instead cover the values one
-// stretch of packed bytes holds, read as whole words: a task is 1/8 of a 256-value block either way, so every
-// value is covered once and the lanes of a row read neighbouring words.
-fn dot32(row: u32, sb: u32, xb: u32) -> f32 {
-    var acc = 0.0;
+// 2^23 as f32 bits: OR-ing a byte into the mantissa gives 2^23 + byte exactly
+const EXP23: u32 = 0x4b000000u;
+
+// The four bytes of `q` as f32, less `bias` (exact: small integers).
+fn bytes_f32(q: u32, bias: f32) -> vec4<f32> {
+    if (MAGIC) {
+        let b = vec4<u32>(q & 0xffu, (q >> 8u) & 0xffu, (q >> 16u) & 0xffu, q >> 24u) | vec4<u32>(EXP23);
+        return bitcast<vec4<f32>>(b) - vec4<f32>(8388608.0 + bias);
+    }
+    return vec4<f32>(unpack4xU8(q)) - vec4<f32>(bias);
+}
+
+// x[i], and x[i..i+4] for i a multiple of 4. matvec.rs binds x as array<vec4<f32>> (and swaps these two lines
+// for single loads) when every x offset is a multiple of 4: scalar loads of 16-byte strided lanes cost a warp
+// four times the cache wavefronts, and x is read once per block for every lane.
+fn x1(i: u32) -> f32 { return x[i]; }
+fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }
+
+// Words i.. of a row read from byte 4·i + s/8 (s 0 or 16: Q6_K blocks are 210 bytes, so every other one starts
+// mid-word). The branch is uniform where the rows of a warp share an alignment (row bytes a multiple of 4).
+fn word_at(i: u32, s: u32) -> u32 {
+    if (s == 0u) { return weights[i]; }
+    return (weights[i] >> 16u) | (weights[i + 1u] << 16u);
+}
+
+// Q6_K lane t (0..16) of a block: values 4·(t%8)..+4 of each of the four 32-value quarters of half t/8.
+fn q6k_x(xb: u32, t: u32) -> array<vec4<f32>, 4> {
+    let i = xb + (t / 8u) * 128u + (t % 8u) * 4u;
+    return array<vec4<f32>, 4>(x4(i), x4(i + 32u), x4(i + 64u), x4(i + 96u));
+}
+
+// The sums of each x4 of q6k_x, times 32: the quants' offset of 32, taken off once per quarter.
+fn q6k_bias(xs: array<vec4<f32>, 4>) -> vec4<f32> {
+    let one = vec4<f32>(32.0);
+    return vec4<f32>(dot(xs[0], one), dot(xs[1], one), dot(xs[2], one), dot(xs[3], one));
+}
+
+fn q6k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, bias: vec4<f32>) -> f32 {
+    let half = t / 8u;
+    let l0 = (t % 8u) * 4u;
+    // every word below is at a multiple of 4 bytes from the block's start
+    let s = (block & 2u) * 8u;
+    let w = block >> 2u;
+    let lo = word_at(w + half * 16u + l0 / 4u, s); // quarters 0 (low nibbles) and 2 (high)
+    let hi = word_at(w + half * 16u + 8u + l0 / 4u, s); // quarters 1 and 3
+    let h = word_at(w + 32u + half * 8u + l0 / 4u, s); // 2 high bits of each quarter
+    // int8 scales: quarter q of this lane's 16-value group is scale 8·half + l0/16 + 2q
+    let sa = word_at(w + 48u + half * 2u, s);
+    let sb = word_at(w + 49u + half * 2u, s);
+    let d = unpack2x16float(word_at(w + 52u, s)).x;
+    let k = (l0 / 16u) * 8u;
+    let q0 = (lo & 0x0f0f0f0fu) | ((h << 4u) & 0x30303030u);
+    let q1 = (hi & 0x0f0f0f0fu) | ((h << 2u) & 0x30303030u);
+    let q2 = ((lo >> 4u) & 0x0f0f0f0fu) | (h & 0x30303030u);
+    let q3 = ((hi >> 4u) & 0x0f0f0f0fu) | ((h >> 2u) & 0x30303030u);
+    let sc = vec4<f32>(vec4<i32>(vec4<u32>(sa << (24u - k), sa << (8u - k), sb << (24u - k), sb << (8u - k))) >> vec4<u32>(24u));
+    let dots = vec4<f32>(dot(bytes_f32(q0, 0.0), xs[0]), dot(bytes_f32(q1, 0.0), xs[1]), dot(bytes_f32(q2, 0.0), xs[2]), dot(bytes_f32(q3, 0.0), xs[3]));
+    return d * dot(sc, dots - bias);
+}
+
+// Q4_K lane t (0..16) of a block: bytes 8·(t%4)..+8 of 64-value chunk t/4, low nibbles (sub-block 2c, values
+// 64c + 8·(t%4)..) then high (sub-block 2c+1, 32 values on).
+fn q4k_x(xb: u32, t: u32) -> array<vec4<f32>, 4> {
+    let i = xb + (t / 4u) * 64u + (t % 4u) * 8u;
+    return array<vec4<f32>, 4>(x4(i), x4(i + 4u), x4(i + 32u), x4(i + 36u));
+}
+
+// The sums of the low-nibble and the high-nibble x of q4k_x (for the mins).
+fn q4k_sums(xs: array<vec4<f32>, 4>) -> vec2<f32> {
+    return vec2<f32>(dot(xs[0] + xs[1], vec4<f32>(1.0)), dot(xs[2] + xs[3], vec4<f32>(1.0)));
+}
+
+fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, sums: vec2<f32>) -> f32 {
+    let c = t / 4u;
+    let w = block >> 2u;
+    let dm = unpack2x16float(weights[w]);
+    // 6-bit scales and mins of sub-blocks 2c and 2c+1 (bytes k, k+1 of the 12 scale bytes' packing)
+    let s0 = weights[w + 1u];
+    let s1 = weights[w + 2u];
+    let s2 = weights[w + 3u];
+    let k = (c % 2u) * 16u;
+    let low = vec2<u32>(s0 >> k, s1 >> k); // sub-blocks 0..3: 6 bits of bytes 4+j, 8+j
+    let mixed = s2 >> k; // sub-blocks 4..7: 4 bits of byte 8+j, top 2 of bytes j, 4+j
+    var sc: vec2<u32>;
+    var mn: vec2<u32>;
+    if (c < 2u) {
+        sc = vec2<u32>(low.x, low.x >> 8u) & vec2<u32>(63u);
+        mn = vec2<u32>(low.y, low.y >> 8u) & vec2<u32>(63u);
+    } else {
+        let m = vec2<u32>(mixed, mixed >> 8u);
+        sc = (m & vec2<u32>(15u)) | (((vec2<u32>(low.x, low.x >> 8u) >> vec2<u32>(6u)) & vec2<u32>(3u)) << vec2<u32>(4u));
+        mn = ((m >> vec2<u32>(4u)) & vec2<u32>(15u)) | (((vec2<u32>(low.y, low.y >> 8u) >> vec2<u32>(6u)) & vec2<u32>(3u)) << vec2<u32>(4u));
+    }
+    let q = w + 4u + c * 8u + (t % 4u) * 2u;
+    let a = weights[q];
+    let b = weights[q + 1u];
+    let lo = dot(bytes_f32(a & 0x0f0f0f0fu, 0.0), xs[0]) + dot(bytes_f32(b & 0x0f0f0f0fu, 0.0), xs[1]);
+    let hi = dot(bytes_f32((a >> 4u) & 0x0f0f0f0fu, 0.0), xs[2]) + dot(bytes_f32((b >> 4u) & 0x0f0f0f0fu, 0.0), xs[3]);
+    return dm.x * (f32(sc.x) * lo + f32(sc.y) * hi) - dm.y * dot(vec2<f32>(mn), sums);
+}
+
+// The first row of this workgroup.
+fn first_row(wg: vec3<u32>, n_wg: vec3<u32>) -> u32 {
+    return (wg.x + wg.y * n_wg.x) * (WG / p.lanes) * ROWS;
+}
+
+// Row `first + ROWS·(lid / lanes) + r` of the matrix whose row 0 is at byte `base` (r < ROWS), dotted with the x
+// at `xb`; rows past p.rows read the last row instead (results dropped by the caller). Every invocation reaches
+// the barriers. Returns, for lane 0 of each group, its ROWS sums.
+fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
+    let lane = lid % p.lanes;
+    let row0 = first + ROWS * (lid / p.lanes);
+    var rows: array<u32, ROWS>;
+    for (var r = 0u; r < ROWS; r++) {
+        rows[r] = base + min(row0 + r, p.rows - 1u) * p.row_bytes;
+    }
+    var acc: array<f32, ROWS>;
     switch p.ty {
-        case 12u: { // Q4_K: task t = bytes 16·(t%2).. of 64-value chunk t/2: low nibbles, then high (32 values on)
-            let block = row + (sb / 8u) * 144u;
-            let t = sb % 8u;
-            let c = t / 2u;
-            let dm = unpack2x16float(weights[block >> 2u]);
-            let lo = q4_k_scale_min(block, 2u * c);
-            let hi = q4_k_scale_min(block, 2u * c + 1u);
-            let qw = (block + 16u + c * 32u + (t % 2u) * 16u) >> 2u;
-            let xl = xb - t * 32u + c * 64u + (t % 2u) * 16u;
-            var q_lo = 0.0;
-            var q_hi = 0.0;
-            var x_lo = 0.0;
-            var x_hi = 0.0;
-            for (var i = 0u; i < 4u; i++) {
-                let w = weights[qw + i];
-                for (var b = 0u; b < 4u; b++) {
-                    let a = x[xl + 4u * i + b];
-                    let z = x[xl + 32u + 4u * i + b];
-                    let byte = w >> (8u * b);
-                    q_lo += f32(byte & 15u) * a;
-                    q_hi += f32((byte >> 4u) & 15u) * z;
-                    x_lo += a;
-                    x_hi += z;
+        case 12u, 14u: {
+            let t = lane % 16u;
+            let side = p.lanes / 16u;
+            let block_bytes = select(144u, 210u, p.ty == 14u);
+            for (var blk = lane / 16u; blk < p.cols / 256u; blk += side) {
+                let xb = xb + blk * 256u;
+                if (p.ty == 14u) {
+                    let xs = q6k_x(xb, t);
+                    let bias = q6k_bias(xs);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot(rows[r] + blk * block_bytes, t, xs, bias); }
+                } else {
+                    let xs = q4k_x(xb, t);
+                    let sums = q4k_sums(xs);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += q4k_dot(rows[r] + blk * block_bytes, t, xs, sums); }
                 }
             }
-            acc = dm.x * (lo.x * q_lo + hi.x * q_hi) - dm.y * (lo.y * x_lo + hi.y * x_hi);
-        }
-        case 14u: { // Q6_K: task t = values 8·(t%4).. of each quarter of half t/4 (4 scales, 8 values each)
-            let block = row + (sb / 8u) * 210u;
-            let t = sb % 8u;
-            let half = t / 4u;
-            let l0 = (t % 4u) * 8u;
-            let xq = xb - t * 32u + half * 128u + l0;
-            let ql = block + half * 64u + l0;
-            let qh = block + 128u + half * 32u + l0;
-            var a0 = 0.0;
-            var a1 = 0.0;
-            var a2 = 0.0;
-            var a3 = 0.0;
-            for (var i = 0u; i < 2u; i++) {
-                let lo = w_u32_even(ql + 4u * i);
-                let hi = w_u32_even(ql + 32u + 4u * i);
-                let h = w_u32_even(qh + 4u * i);
-                for (var b = 0u; b < 4u; b++) {
-                    let s = 8u * b;
-                    let hb = h >> s;
-                    let xi = xq + 4u * i + b;
-                    a0 += f32(i32(((lo >> s) & 15u) | ((hb & 3u) << 4u)) - 32) * x[xi];
-                    a1 += f32(i32(((hi >> s) & 15u) | (((hb >> 2u) & 3u) << 4u)) - 32) * x[xi + 32u];
-                    a2 += f32(i32(((lo >> (s + 4u)) & 15u) | (((hb >> 4u) & 3u) << 4u)) - 32) * x[xi + 64u];
-                    a3 += f32(i32(((hi >> (s + 4u)) & 15u) | (((hb >> 6u) & 3u) << 4u)) - 32) * x[xi + 96u];
-                }
-            }
-            let sc = block + 192u + half * 8u + l0 / 16u;
-            let d = w_f16(block + 208u);
-            acc = d * (f32(sign_extend8(w_byte(sc))) * a0 + f32(sign_extend8(w_byte(sc + 2u))) * a1
-                     + f32(sign_extend8(w_byte(sc + 4u))) * a2 + f32(sign_extend8(w_byte(sc + 6u))) * a3);
         }
         default: {
-            for (var l = 0u; l < 32u; l++) {
-                acc += row_value(p.ty, row, sb * 32u + l) * x[xb + l];
+            for (var sb = lane; sb < p.cols / 32u; sb += p.lanes) {
+                for (var l = 0u; l < 32u; l++) {
+                    let xv = x1(xb + sb * 32u + l);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += row_value(p.ty, rows[r], sb * 32u + l) * xv; }
+                }
             }
         }
     }
-    return acc;
-}
-
-// The first row of this workgroup, and this invocation's row within the batch matrix.
-fn first_row(wg: vec3<u32>, n_wg: vec3<u32>) -> u32 {
-    return (wg.x + wg.y * n_wg.x) * (WG / p.lanes);
-}
-
-// This invocation's share of the dot product of a row (when `valid`), summed over the row's lanes.
-// Every invocation reaches the barriers, valid or not, so control flow stays uniform.
-fn row_dot(row: u32, xb: u32, lid: u32, valid: bool) -> f32 {
-    let lane = lid % p.lanes;
-    var acc = 0.0;
-    if (valid) {
-        for (var sb = lane; sb < p.cols / 32u; sb += p.lanes) {
-            acc += dot32(row, sb, xb + sb * 32u);
-        }
-    }
-    partial[lid] = acc;
+    for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] = acc[r]; }
     workgroupBarrier();
     for (var s = p.lanes / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) { partial[lid] += partial[lid + s]; }
+        if (lane < s) {
+            for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] += partial[r * WG + lid + s]; }
+        }
         workgroupBarrier();
     }
-    return partial[lid - lane];
+    for (var r = 0u; r < ROWS; r++) { acc[r] = partial[r * WG + lid]; }
+    return acc;
 }
 
 fn store(i: u32, v: f32) {
     if (i < arrayLength(&y)) { y[i] = v; }
+}
+
+// Lane 0 of each group writes its rows that exist.
+fn store_rows(first: u32, lid: u32, y_at: u32, sums: array<f32, ROWS>) {
+    if (lid % p.lanes != 0u) { return; }
+    let row0 = first + ROWS * (lid / p.lanes);
+    for (var r = 0u; r < ROWS; r++) {
+        if (row0 + r < p.rows) { store(y_at + row0 + r, sums[r]); }
+    }
 }
 
 // ---- dense entry point (matvec_experts.wgsl replaces everything from here on) ----
@@ -140,12 +213,13 @@ fn store(i: u32, v: f32) {
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    let r = first_row(wg, n_wg) + lid / p.lanes;
-    let valid = r < p.rows;
+    let first = first_row(wg, n_wg);
+    // workgroups past the last row (a grid rounded up over two dimensions) do nothing
+    if (first >= p.rows) { return; }
     let b = wg.z;
-    let total = row_dot(p.w_offset + b * p.w_stride + r * p.row_bytes, p.x_offset + b * p.x_stride, lid, valid);
-    if (valid && lid % p.lanes == 0u) { store(p.y_offset + b * p.y_stride + r, total); }
+    let sums = rows_dot(p.w_offset + b * p.w_stride, first, p.x_offset + b * p.x_stride, lid);
+    store_rows(first, lid, p.y_offset + b * p.y_stride, sums);
 }

@@ -11,17 +11,17 @@
 
 var<workgroup> selected_slot: u32;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn matvec_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
-    let r = first_row(wg, n_wg) + lid / p.lanes;
+    let first = first_row(wg, n_wg);
+    if (first >= p.rows) { return; }
     let j = wg.z;
     if (lid == 0u) { selected_slot = slots[p.slot_base + sel[j]]; }
-    // one load for the workgroup, and uniform control flow for the barriers in row_dot
+    // one load for the workgroup, and uniform control flow for the barriers in rows_dot
     let slot = workgroupUniformLoad(&selected_slot);
     if (slot / p.slots_per_chunk != p.chunk) { return; }
-    let valid = r < p.rows;
-    let row = (slot % p.slots_per_chunk) * p.slot_bytes + p.w_offset + r * p.row_bytes;
-    let total = row_dot(row, p.x_offset + j * p.x_stride, lid, valid);
-    if (valid && lid % p.lanes == 0u) { store(p.y_offset + j * p.y_stride + r, total); }
+    let base = (slot % p.slots_per_chunk) * p.slot_bytes + p.w_offset;
+    let sums = rows_dot(base, first, p.x_offset + j * p.x_stride, lid);
+    store_rows(first, lid, p.y_offset + j * p.y_stride, sums);
 }

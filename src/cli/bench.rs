@@ -104,6 +104,11 @@ pub struct BenchKernelsArgs {
     /// Products per measurement (after one warm-up)
     #[arg(long, default_value_t = 50)]
     pub reps: u32,
+    /// Kernel variants to measure besides each matrix's default, comma-separated (r1i, r2i, r4i, r1m, r2m, r4m,
+    /// r2in, r4in, r4is: rows per lane group, integer or magic conversion, n: one block at a time, s: x read as
+    /// f32), or "all"
+    #[arg(long, default_value = "")]
+    pub variants: String,
     /// Print the rows as JSON
     #[arg(long)]
     pub json: bool,
@@ -113,10 +118,14 @@ pub struct BenchKernelsArgs {
 #[serde(rename_all = "camelCase")]
 struct KernelRow {
     product: String,
+    variant: String,
     mb_per_product: f64,
     us_per_product: f64,
     gb_per_s: f64,
     share_of_read: f64,
+    /// The same products recorded before the clock starts: the GPU's time (and one submission) only
+    us_gpu_only: f64,
+    gb_per_s_gpu_only: f64,
 }
 
 /// Bytes that look like weights to the kernels (any bit pattern decodes; speed does not depend on values).
@@ -136,7 +145,8 @@ fn copies_for(bytes: u64, limit: u64) -> u64 {
     (256_000_000u64.div_ceil(bytes)).clamp(1, (limit / bytes).max(1))
 }
 
-async fn time_passes(gpu: &Gpu, reps: u32, probe: &wgpu::Buffer, mut record: impl FnMut(&mut Pass, u32)) -> Result<f64, String> {
+/// Seconds per product: recorded and run (what an engine step pays), and run only (recorded beforehand).
+async fn time_passes(gpu: &Gpu, reps: u32, probe: &wgpu::Buffer, mut record: impl FnMut(&mut Pass, u32)) -> Result<(f64, f64), String> {
     let mut warm = Pass::new();
     record(&mut warm, 0);
     warm.submit(gpu);
@@ -148,7 +158,15 @@ async fn time_passes(gpu: &Gpu, reps: u32, probe: &wgpu::Buffer, mut record: imp
     }
     pass.submit(gpu);
     gpu.read_back(probe, 4).await.map_err(|e| e.0)?;
-    Ok((crate::clock::now_s() - began) / reps as f64)
+    let with_recording = (crate::clock::now_s() - began) / reps as f64;
+    let mut pass = Pass::new();
+    for i in 0..reps {
+        record(&mut pass, i);
+    }
+    let began = crate::clock::now_s();
+    pass.submit(gpu);
+    gpu.read_back(probe, 4).await.map_err(|e| e.0)?;
+    Ok((with_recording, (crate::clock::now_s() - began) / reps as f64))
 }
 
 pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
@@ -157,10 +175,30 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
         let limits = gpu.device.limits();
         let limit = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         let read = bench::read_bandwidth(&gpu, 1 << 30, 20).await?;
-        let mut rows = vec![KernelRow { product: "memory read (baseline)".into(), mb_per_product: 0.0, us_per_product: 0.0, gb_per_s: read, share_of_read: 1.0 }];
-        // (name, type, rows, cols): Ling 3.0 Flash's head, a KDA projection in and out, an expert's down rows
+        let variants: Vec<matvec::Variant> = match args.variants.trim() {
+            "" => Vec::new(),
+            "all" => matvec::Variant::ALL.to_vec(),
+            list => list.split(',').map(|v| matvec::Variant::parse(v.trim()).ok_or_else(|| format!("--variants: no variant {v:?}"))).collect::<Result<_, _>>()?,
+        };
+        let mut rows = vec![KernelRow { product: "memory read (baseline)".into(), variant: String::new(), mb_per_product: 0.0, us_per_product: 0.0, gb_per_s: read, share_of_read: 1.0, us_gpu_only: 0.0, gb_per_s_gpu_only: read }];
+        // the default variant of each matrix first (None), then the ones asked for
+        let variants: Vec<Option<matvec::Variant>> = std::iter::once(None).chain(variants.into_iter().map(Some)).collect();
+        let name_of = |v: Option<matvec::Variant>, m: Matrix| v.map(|v| v.name()).unwrap_or_else(|| format!("{}*", matvec::Variant::for_matrix(m).name()));
+        let row = |product: &str, v: String, bytes: u64, (secs, gpu_secs): (f64, f64)| KernelRow {
+            product: product.into(),
+            variant: v,
+            mb_per_product: bytes as f64 / 1e6,
+            us_per_product: 1e6 * secs,
+            gb_per_s: bytes as f64 / secs / 1e9,
+            share_of_read: bytes as f64 / secs / 1e9 / read,
+            us_gpu_only: 1e6 * gpu_secs,
+            gb_per_s_gpu_only: bytes as f64 / gpu_secs / 1e9,
+        };
+        // (name, type, rows, cols): a product too small to cost anything but its dispatch (the floor under the
+        // small ones), Ling 3.0 Flash's head, a KDA projection in and out, an expert's down rows
         let dense = [
-            ("head 2560→157184 Q6_K", GgmlType::Q6_K, 157184u32, 2560u32),
+            ("dispatch floor 256→1 Q4_K", GgmlType::Q4_K, 1u32, 256u32),
+            ("head 2560→157184 Q6_K", GgmlType::Q6_K, 157184, 2560),
             ("attn_q 2560→4096 Q4_K", GgmlType::Q4_K, 4096, 2560),
             ("attn_output 4096→2560 Q4_K", GgmlType::Q4_K, 2560, 4096),
             ("shared down 768→2560 Q6_K", GgmlType::Q6_K, 2560, 768),
@@ -177,15 +215,17 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
             let buffers: Vec<wgpu::Buffer> = (0..pieces.len()).map(|i| gpu.upload("bench weights", &filler(stride * copies, 7 + i as u64))).collect();
             let x = gpu.upload("bench x", &(0..cols).flat_map(|_| 0.01f32.to_le_bytes()).collect::<Vec<u8>>());
             let y = gpu.storage_buffer("bench y", n_rows as u64 * 4);
-            let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
-                for (&(first, rows), w) in pieces.iter().zip(&buffers) {
-                    let m = Matrix { rows, byte_offset: (i as u64 % copies) * stride, ..m };
-                    matvec::matvec(&gpu, pass, w, m, &x, 0, &y, first);
-                }
-            })
-            .await?;
-            let gbs = bytes as f64 / secs / 1e9;
-            rows.push(KernelRow { product: name.into(), mb_per_product: bytes as f64 / 1e6, us_per_product: 1e6 * secs, gb_per_s: gbs, share_of_read: gbs / read });
+            for &v in &variants {
+                let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
+                    for (&(first, rows), w) in pieces.iter().zip(&buffers) {
+                        let m = Matrix { rows, byte_offset: (i as u64 % copies) * stride, ..m };
+                        let v = v.unwrap_or(matvec::Variant::for_matrix(m));
+                        matvec::batched_as(v, &gpu, pass, w, m, 0, &x, Strided::at(0), &y, Strided::at(first), 1);
+                    }
+                })
+                .await?;
+                rows.push(row(name, name_of(v, m), bytes, secs));
+            }
         }
         // 8 selected experts' gate|up (Q4_K, 2×768 rows of 2560) and down (Q6_K, 2560 rows of 768) from a pool
         let (h, f, k) = (2560u32, 768u32, 8u32);
@@ -203,22 +243,28 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
         let y = gpu.storage_buffer("bench y", (k * 2 * f.max(h)) as u64 * 4);
         let chunk = PoolChunk { buffer: &pool, index: 0, slots_per_chunk: slots, slot_bytes };
         for (name, m, x_stride, y_stride) in [("experts gate|up 8×(2560→1536) Q4_K", gate_up, 0, 2 * f), ("experts down 8×(768→2560) Q6_K", down, f, h)] {
-            let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
-                let sel = &sels[i as usize % sels.len()];
-                matvec::experts(&gpu, pass, chunk, m, sel, &table, 0, k, &x, Strided { offset: 0, stride: x_stride }, &y, Strided { offset: 0, stride: y_stride });
-            })
-            .await?;
-            let bytes = k as u64 * m.rows as u64 * m.row_bytes() as u64;
-            let gbs = bytes as f64 / secs / 1e9;
-            rows.push(KernelRow { product: name.into(), mb_per_product: bytes as f64 / 1e6, us_per_product: 1e6 * secs, gb_per_s: gbs, share_of_read: gbs / read });
+            for &v in &variants {
+                let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
+                    let sel = &sels[i as usize % sels.len()];
+                    let v = v.unwrap_or(matvec::Variant::for_matrix(m));
+                    matvec::experts_as(v, &gpu, pass, chunk, m, sel, &table, 0, k, &x, Strided { offset: 0, stride: x_stride }, &y, Strided { offset: 0, stride: y_stride });
+                })
+                .await?;
+                let bytes = k as u64 * m.rows as u64 * m.row_bytes() as u64;
+                rows.push(row(name, name_of(v, m), bytes, secs));
+            }
         }
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rows).unwrap());
         } else {
             println!("{}", gpu.summary);
-            println!("{:<36} {:>9} {:>10} {:>8} {:>8}", "product", "MB", "µs", "GB/s", "of read");
+            // "GPU only": the same products recorded before the clock started (no per-dispatch CPU cost)
+            println!("{:<36} {:>7} {:>9} {:>10} {:>8} {:>8} {:>10} {:>8} {:>8}", "product", "variant", "MB", "µs", "GB/s", "of read", "µs GPU", "GB/s", "of read");
             for r in &rows {
-                println!("{:<36} {:>9.1} {:>10.1} {:>8.0} {:>7.0}%", r.product, r.mb_per_product, r.us_per_product, r.gb_per_s, 100.0 * r.share_of_read);
+                println!(
+                    "{:<36} {:>7} {:>9.1} {:>10.1} {:>8.0} {:>7.0}% {:>10.1} {:>8.0} {:>7.0}%",
+                    r.product, r.variant, r.mb_per_product, r.us_per_product, r.gb_per_s, 100.0 * r.share_of_read, r.us_gpu_only, r.gb_per_s_gpu_only, 100.0 * r.gb_per_s_gpu_only / read
+                );
             }
         }
         Ok(())

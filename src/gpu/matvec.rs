@@ -10,17 +10,95 @@ const MATVEC: &str = include_str!("../../shaders/matvec.wgsl");
 const EXPERTS: &str = include_str!("../../shaders/matvec_experts.wgsl");
 const DENSE_MARKER: &str = "// ---- dense entry point";
 
-fn dense_source() -> &'static str {
-    static S: OnceLock<String> = OnceLock::new();
-    S.get_or_init(|| format!("{QUANT}{MATVEC}"))
+/// How the kernel is specialised (compile-time constants of matvec.wgsl): rows per lane group, whether quants
+/// become f32 through exponent bits (`magic`) or an integer conversion, Q4_K/Q6_K rows one block at a time
+/// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub rows: u32,
+    pub magic: bool,
+    pub narrow: bool,
+    pub scalar_x: bool,
 }
 
-fn experts_source() -> &'static str {
-    static S: OnceLock<String> = OnceLock::new();
+const fn v(rows: u32, magic: bool, narrow: bool, scalar_x: bool) -> Variant {
+    Variant { rows, magic, narrow, scalar_x }
+}
+
+impl Variant {
+    pub const ALL: [Variant; 9] = [
+        v(1, false, false, false),
+        v(2, false, false, false),
+        v(4, false, false, false),
+        v(1, true, false, false),
+        v(2, true, false, false),
+        v(4, true, false, false),
+        v(2, false, true, false),
+        v(4, false, true, false),
+        v(4, false, false, true),
+    ];
+
+    /// The variant [`matvec`], [`batched`] and [`experts`] use for a matrix: the fastest measured on the H200 (bench-kernels --variants all).
+    pub fn for_matrix(m: Matrix) -> Variant {
+        if m.rows >= 16384 { v(4, false, true, false) } else { v(1, false, false, false) }
+    }
+
+    pub fn name(self) -> String {
+        format!("r{}{}{}{}", self.rows, if self.magic { "m" } else { "i" }, if self.narrow { "n" } else { "" }, if self.scalar_x { "s" } else { "" })
+    }
+
+    pub fn parse(s: &str) -> Option<Variant> {
+        Variant::ALL.into_iter().find(|v| v.name() == s)
+    }
+
+    fn index(self) -> usize {
+        Variant::ALL.iter().position(|&v| v == self).expect("a listed variant")
+    }
+}
+
+const X_SCALAR: [&str; 3] = [
+    "var<storage, read> x: array<f32>;",
+    "fn x1(i: u32) -> f32 { return x[i]; }",
+    "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }",
+];
+const X_VEC4: [&str; 3] = [
+    "var<storage, read> x: array<vec4<f32>>;",
+    "fn x1(i: u32) -> f32 { return x[i >> 2u][i & 3u]; }",
+    "fn x4(i: u32) -> vec4<f32> { return x[i >> 2u]; }",
+];
+
+/// (dense, experts) sources of every variant, with x as f32 [0] and as vec4 [1].
+fn sources() -> &'static [[(String, String); 2]] {
+    static S: OnceLock<Vec<[(String, String); 2]>> = OnceLock::new();
     S.get_or_init(|| {
-        let core = &MATVEC[..MATVEC.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
-        format!("{QUANT}{core}{EXPERTS}")
+        Variant::ALL
+            .iter()
+            .map(|v| {
+                let m = MATVEC
+                    .replacen("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows), 1)
+                    .replacen("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic), 1);
+                assert!(m.contains(&format!("const ROWS: u32 = {}u;", v.rows)) && m.contains(&format!("const MAGIC: bool = {};", v.magic)), "matvec.wgsl declares ROWS and MAGIC");
+                let core = &m[..m.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
+                let dense = format!("{QUANT}{m}");
+                let experts = format!("{QUANT}{core}{EXPERTS}");
+                let vec4 = |s: &str| {
+                    let mut s = s.to_string();
+                    for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
+                        assert!(s.contains(from), "matvec.wgsl has {from:?}");
+                        s = s.replace(from, to);
+                    }
+                    s
+                };
+                let (dense4, experts4) = (vec4(&dense), vec4(&experts));
+                [(dense, experts), (dense4, experts4)]
+            })
+            .collect()
     })
+}
+
+/// Whether x can be bound as vec4: every offset a multiple of 4 floats and the buffer whole vec4s.
+fn x_as_vec4(v: Variant, x: &wgpu::Buffer, at: Strided) -> bool {
+    !v.scalar_x && at.offset % 4 == 0 && at.stride % 4 == 0 && x.size() % 16 == 0
 }
 
 /// A matrix of `rows` rows of `cols` values of type `ty`, starting at `byte_offset` of its buffer.
@@ -59,10 +137,17 @@ pub fn matvec(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu:
 /// `n` products: matrix b at `m.byte_offset + b·w_stride` bytes, its x and y at their strided offsets.
 #[allow(clippy::too_many_arguments)]
 pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
+    batched_as(Variant::for_matrix(m), gpu, pass, w, m, w_stride, x, x_at, y, y_at, n);
+}
+
+/// [`batched`] with a given kernel variant.
+#[allow(clippy::too_many_arguments)]
+pub fn batched_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
-    let kernel = gpu.kernel("matvec.wgsl", dense_source(), "matvec");
-    let params = params(m, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0]);
-    let (gx, gy) = gpu.grid(workgroups(m));
+    let x4 = x_as_vec4(v, x, x_at);
+    let kernel = gpu.kernel(&format!("matvec.wgsl {}{}", v.name(), if x4 { " x4" } else { "" }), &sources()[v.index()][x4 as usize].0, "matvec");
+    let params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0]);
+    let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n));
 }
 
@@ -81,23 +166,39 @@ pub struct PoolChunk<'a> {
 /// Only experts whose slot lies in `chunk` are computed; call once per pool buffer.
 #[allow(clippy::too_many_arguments)]
 pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided) {
+    experts_as(Variant::for_matrix(m), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, y, y_at);
+}
+
+/// [`experts`] with a given kernel variant.
+#[allow(clippy::too_many_arguments)]
+pub fn experts_as(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
-    let kernel = gpu.kernel("matvec_experts.wgsl", experts_source(), "matvec_experts");
-    let params = params(m, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index]);
-    let (gx, gy) = gpu.grid(workgroups(m));
+    let x4 = x_as_vec4(v, x, x_at);
+    let kernel = gpu.kernel(&format!("matvec_experts.wgsl {}{}", v.name(), if x4 { " x4" } else { "" }), &sources()[v.index()][x4 as usize].1, "matvec_experts");
+    let params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index]);
+    let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, k));
 }
 
-/// Invocations per row: about one per 32-value sub-block, a power of two, at most the workgroup (64).
-fn lanes(m: Matrix) -> u32 {
-    (m.cols / 32).clamp(1, 64).next_power_of_two().min(64)
+/// Invocations per row: for Q4_K and Q6_K 16 per block, two blocks side by side when the row has an even
+/// number of them or at least 4 (so the lanes finish together); otherwise one per 32-value sub-block (4..32).
+fn lanes(m: Matrix, v: Variant) -> u32 {
+    match m.ty {
+        GgmlType::Q4_K | GgmlType::Q6_K => {
+            let blocks = m.cols / 256;
+            if !v.narrow && (blocks >= 4 || blocks == 2) { 32 } else { 16 }
+        }
+        _ => (m.cols / 32).next_power_of_two().clamp(4, 32),
+    }
 }
 
-fn workgroups(m: Matrix) -> u32 {
-    m.rows.div_ceil(64 / lanes(m))
+const WORKGROUP: u32 = 256;
+
+fn workgroups(m: Matrix, v: Variant) -> u32 {
+    m.rows.div_ceil(WORKGROUP / lanes(m, v) * v.rows)
 }
 
-fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Strided, y_at: Strided, experts: [u32; 4]) -> Vec<P> {
+fn params(m: Matrix, v: Variant, w_offset: u64, w_stride: u64, x_at: Strided, y_at: Strided, experts: [u32; 4]) -> Vec<P> {
     assert!(w_offset < u32::MAX as u64 && w_stride < u32::MAX as u64, "one binding is at most 4 GiB");
     // the Q4_K and Q6_K paths read whole words: Q4_K rows must start on a word, Q6_K rows on an even byte
     let align = match m.ty {
@@ -120,6 +221,6 @@ fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Strided, y_at: Strided,
         P::U(y_at.stride),
     ];
     p.extend(experts.iter().map(|&v| P::U(v)));
-    p.push(P::U(lanes(m)));
+    p.push(P::U(lanes(m, v)));
     p
 }

@@ -2,7 +2,7 @@
 //! CPU reference, which is bit-exact with ggml).
 
 use super::{assert_close, f32_bytes, poisoned, random_blocks, read_f32, Rand};
-use lingtab::gpu::matvec::{self, Matrix, PoolChunk, Strided};
+use lingtab::gpu::matvec::{self, Matrix, PoolChunk, Strided, Variant};
 use lingtab::gpu::{norm, Gpu, Pass};
 use lingtab::quant::{self, GgmlType};
 
@@ -34,7 +34,10 @@ fn check(what: &str, got: &[f32], w: &[f64], x: &[f32], rows: usize, cols: usize
 pub async fn matvec_every_type_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
-    for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q5_0, 96), (GgmlType::Q8_0, 160), (GgmlType::F32, 2112), (GgmlType::F16, 64)] {
+    // Q4_K/Q6_K with 1, 2 and 3 blocks a row (one or two blocks side by side); 37 rows leave every variant a
+    // part-filled last workgroup
+    let shapes = [(GgmlType::Q4_K, 512), (GgmlType::Q4_K, 768), (GgmlType::Q6_K, 768), (GgmlType::Q6_K, 256), (GgmlType::Q6_K, 512), (GgmlType::Q5_0, 96), (GgmlType::Q8_0, 160), (GgmlType::F32, 2112), (GgmlType::F16, 64)];
+    for (v, (ty, cols)) in Variant::ALL.into_iter().flat_map(|v| shapes.into_iter().map(move |s| (v, s))) {
         let rows = 37;
         let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
         // the matrix sits after some other bytes, x and y at offsets, as inside real buffers
@@ -43,17 +46,22 @@ pub async fn matvec_every_type_matches_reference(gpu: &Gpu) {
         buffer_bytes.extend_from_slice(&bytes);
         let w_buf = gpu.upload("w", &buffer_bytes);
         let x = rng.normals(cols, 1.0);
-        let mut x_padded = vec![7.0f32; 5];
-        x_padded.extend_from_slice(&x);
-        let x_buf = gpu.upload("x", &f32_bytes(&x_padded));
-        let y_buf = poisoned(gpu, "y", rows + 3);
-        let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: lead as u64 };
-        let mut pass = Pass::new();
-        matvec::matvec(gpu, &mut pass, &w_buf, m, &x_buf, 5, &y_buf, 3);
-        pass.submit(gpu);
-        let y = read_f32(gpu, &y_buf, rows + 3).await;
-        assert!(y[..3].iter().all(|v| v.is_nan()), "{ty}: wrote before y_offset");
-        check(&format!("{ty} (seed {seed})"), &y[3..], &w, &x, rows, cols);
+        // x at an odd offset (read as f32) and at a multiple of 4 in whole vec4s (read as vec4)
+        for x_at in [5usize, 4] {
+            let mut x_padded = vec![7.0f32; x_at];
+            x_padded.extend_from_slice(&x);
+            x_padded.resize(x_padded.len().next_multiple_of(4), 7.0);
+            let x_buf = gpu.upload("x", &f32_bytes(&x_padded));
+            let y_buf = poisoned(gpu, "y", rows + 3);
+            let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: lead as u64 };
+            let mut pass = Pass::new();
+            matvec::batched_as(v, gpu, &mut pass, &w_buf, m, 0, &x_buf, Strided::at(x_at as u32), &y_buf, Strided::at(3), 1);
+            pass.submit(gpu);
+            let y = read_f32(gpu, &y_buf, rows + 3).await;
+            let name = v.name();
+            assert!(y[..3].iter().all(|v| v.is_nan()), "{ty} {name}: wrote before y_offset");
+            check(&format!("{ty}×{cols} {name} x at {x_at} (seed {seed})"), &y[3..], &w, &x, rows, cols);
+        }
     }
 }
 
@@ -85,10 +93,17 @@ pub async fn batched_matvec_matches_reference(gpu: &Gpu) {
 pub async fn expert_matvec_reads_selected_slots(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
-    let (ty, rows, cols) = (GgmlType::Q4_K, 40, 256);
+    for v in Variant::ALL {
+        for (ty, cols) in [(GgmlType::Q4_K, 256), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 64)] {
+            experts_case(gpu, v, ty, 40, cols, &mut rng, seed).await;
+        }
+    }
+}
+
+async fn experts_case(gpu: &Gpu, v: Variant, ty: GgmlType, rows: usize, cols: usize, rng: &mut Rand, seed: u64) {
     let (slots_per_chunk, n_chunks, n_expert) = (3u32, 2u32, 8u32);
-    let part_offset = 144u64 * 3; // the matrix starts inside the record, after other rows
-    let matrix_bytes = (rows * cols / 256 * 144) as u64;
+    let part_offset = ty.block_bytes() as u64 * 6; // the matrix starts inside the record, after other rows
+    let matrix_bytes = (rows * cols / ty.block_elems() * ty.block_bytes()) as u64;
     let slot_bytes = (part_offset + matrix_bytes).next_multiple_of(256);
     // pool content: every slot holds a different random matrix
     let mut chunks = Vec::new();
@@ -96,7 +111,7 @@ pub async fn expert_matvec_reads_selected_slots(gpu: &Gpu) {
     for _ in 0..n_chunks {
         let mut bytes = vec![0u8; (slot_bytes * slots_per_chunk as u64) as usize];
         for s in 0..slots_per_chunk as usize {
-            let (b, v) = random_matrix(ty, rows, cols, &mut rng);
+            let (b, v) = random_matrix(ty, rows, cols, rng);
             bytes[s * slot_bytes as usize + part_offset as usize..][..b.len()].copy_from_slice(&b);
             slot_values.push(v);
         }
@@ -118,13 +133,13 @@ pub async fn expert_matvec_reads_selected_slots(gpu: &Gpu) {
     let mut pass = Pass::new();
     for (index, buffer) in chunks.iter().enumerate() {
         let chunk = PoolChunk { buffer, index: index as u32, slots_per_chunk, slot_bytes };
-        matvec::experts(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, Strided { offset: 0, stride: cols as u32 }, &y_buf, Strided { offset: 0, stride: rows as u32 });
+        matvec::experts_as(v, gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, Strided { offset: 0, stride: cols as u32 }, &y_buf, Strided { offset: 0, stride: rows as u32 });
     }
     pass.submit(gpu);
     let y = read_f32(gpu, &y_buf, k * rows).await;
     for (j, &e) in sel.iter().enumerate() {
         let slot = table[n_expert as usize + e as usize] as usize;
-        check(&format!("expert {e} in slot {slot} (seed {seed})"), &y[j * rows..][..rows], &slot_values[slot], &x[j * cols..][..cols], rows, cols);
+        check(&format!("{ty}×{cols} {} expert {e} in slot {slot} (seed {seed})", v.name()), &y[j * rows..][..rows], &slot_values[slot], &x[j * cols..][..cols], rows, cols);
     }
 }
 
