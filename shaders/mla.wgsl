@@ -145,14 +145,15 @@ fn mla_rope_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_w
 }
 
 // ── mla_attention: out[h·rank + ρ] = Σ_t softmax_t(q_abs_h·cache_t·scale)·cache_t[ρ], t = 0..=pos ──
-// One workgroup per head. Rows are taken CHUNK at a time with an online (running-max) softmax, so any pos works
-// without a score buffer; each invocation accumulates the output dims ρ ≡ lid (mod 256).
-
+// One workgroup per (head, token). Rows are taken ATTN_WG at a time with an online (running-max) softmax, so any
+// pos works without a score buffer: each invocation scores one row of the chunk against the query (kept in
+// workgroup memory), the chunk's max and sum come from tree reductions, then each invocation accumulates the
+// output dims ρ ≡ lid (mod ATTN_WG) over the chunk's rows (neighbouring invocations read neighbouring floats).
+// Few barriers per row matter: decode has only n_head workgroups, each walking the whole context.
 const ATTN_WG: u32 = 256u;
-const ATTN_LANES: u32 = 32u;                     // invocations sharing one row's dot product (coalesced reads)
-const ATTN_ROWS: u32 = ATTN_WG / ATTN_LANES;     // rows in flight
-const ATTN_CHUNK: u32 = 64u;
 const ATTN_DIMS_PER_LANE: u32 = 4u;              // so rank ≤ 1024
+const ATTN_MAX_WIDTH: u32 = 1152u;               // rank + rope_dim
+const ATTN_LOWEST: f32 = -3.4e38;
 
 struct AttentionParams {
     pos: u32,
@@ -170,8 +171,25 @@ struct AttentionParams {
 @group(0) @binding(2) var<storage, read_write> attn_out: array<f32>;
 @group(0) @binding(3) var<uniform> attn_params: AttentionParams;
 
-var<workgroup> attn_partial: array<f32, ATTN_WG>;
-var<workgroup> attn_scores: array<f32, ATTN_CHUNK>;
+var<workgroup> attn_q: array<f32, ATTN_MAX_WIDTH>;
+var<workgroup> attn_weights: array<f32, ATTN_WG>;
+var<workgroup> attn_reduce: array<f32, ATTN_WG>;
+
+// The max (is_max) or sum of every invocation's v; every invocation must call it (it has barriers).
+fn attn_reduce_all(v: f32, lid: u32, is_max: bool) -> f32 {
+    attn_reduce[lid] = v;
+    workgroupBarrier();
+    for (var s = ATTN_WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            let other = attn_reduce[lid + s];
+            attn_reduce[lid] = select(attn_reduce[lid] + other, max(attn_reduce[lid], other), is_max);
+        }
+        workgroupBarrier();
+    }
+    let total = attn_reduce[0];
+    workgroupBarrier(); // the next call overwrites attn_reduce
+    return total;
+}
 
 @compute @workgroup_size(256)
 fn mla_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
@@ -179,60 +197,50 @@ fn mla_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let p = attn_params;
     let head = wg.x + wg.y * n_wg.x;
     let token = wg.z;
-    if (head >= p.n_head || token >= p.tokens) { return; }
-    let width = p.rank + p.rope_dim;
+    if (head >= p.n_head || token >= p.tokens) { return; } // uniform: the same for the whole workgroup
+    let width = min(p.rank + p.rope_dim, ATTN_MAX_WIDTH);
     let q_start = (token * p.n_head + head) * width;
+    for (var d = lid; d < width; d += ATTN_WG) {
+        attn_q[d] = attn_q_abs[q_start + d];
+    }
+    workgroupBarrier();
     let n_rows = p.pos + token + 1u;
-    let lane = lid % ATTN_LANES;
-    let row_in_flight = lid / ATTN_LANES;
-
-    var running_max = -3.4e38;
+    var running_max = ATTN_LOWEST;
     var running_sum = 0.0;
     var acc: array<f32, ATTN_DIMS_PER_LANE>;
-    for (var chunk_start = 0u; chunk_start < n_rows; chunk_start += ATTN_CHUNK) {
-        let chunk_len = min(ATTN_CHUNK, n_rows - chunk_start);
-        for (var first = 0u; first < chunk_len; first += ATTN_ROWS) {
-            let row = first + row_in_flight;
+    for (var chunk_start = 0u; chunk_start < n_rows; chunk_start += ATTN_WG) {
+        let chunk_len = min(ATTN_WG, n_rows - chunk_start);
+        var score = ATTN_LOWEST;
+        if (lid < chunk_len) {
+            let row_start = (chunk_start + lid) * width;
             var dot = 0.0;
-            if (row < chunk_len) {
-                let row_start = (chunk_start + row) * width;
-                for (var d = lane; d < width; d += ATTN_LANES) {
-                    dot += attn_q_abs[q_start + d] * attn_cache[row_start + d];
-                }
+            for (var d = 0u; d < width; d++) {
+                dot += attn_q[d] * attn_cache[row_start + d];
             }
-            attn_partial[lid] = dot;
-            workgroupBarrier();
-            if (lane == 0u && row < chunk_len) {
-                var total = 0.0;
-                for (var i = 0u; i < ATTN_LANES; i++) {
-                    total += attn_partial[lid + i];
-                }
-                attn_scores[row] = total * p.scale;
-            }
-            workgroupBarrier();
+            score = dot * p.scale;
         }
-        var chunk_max = running_max;
-        for (var row = 0u; row < chunk_len; row++) {
-            chunk_max = max(chunk_max, attn_scores[row]);
-        }
+        let chunk_max = max(running_max, attn_reduce_all(score, lid, true));
+        var weight = 0.0;
+        if (lid < chunk_len) { weight = exp(score - chunk_max); }
+        attn_weights[lid] = weight;
+        let chunk_sum = attn_reduce_all(weight, lid, false); // its barriers also publish attn_weights
         let rescale = exp(running_max - chunk_max);
-        running_sum *= rescale;
+        running_sum = running_sum * rescale + chunk_sum;
         for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
             acc[j] *= rescale;
         }
         for (var row = 0u; row < chunk_len; row++) {
-            let weight = exp(attn_scores[row] - chunk_max);
-            running_sum += weight;
+            let w = attn_weights[row];
             let row_start = (chunk_start + row) * width;
             for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
                 let rho = lid + j * ATTN_WG;
                 if (rho < p.rank) {
-                    acc[j] += weight * attn_cache[row_start + rho];
+                    acc[j] += w * attn_cache[row_start + rho];
                 }
             }
         }
         running_max = chunk_max;
-        workgroupBarrier(); // the next chunk overwrites attn_scores
+        workgroupBarrier(); // the next chunk overwrites attn_weights
     }
     for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
         let rho = lid + j * ATTN_WG;

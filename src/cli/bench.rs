@@ -37,6 +37,9 @@ pub struct BenchArgs {
     /// Print the rows as JSON
     #[arg(long)]
     pub json: bool,
+    /// Time each kernel (every dispatch then runs alone and is waited for: the rows' speeds no longer count)
+    #[arg(long)]
+    pub profile: bool,
 }
 
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
@@ -82,6 +85,9 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
             }
         }
         let before = rows.len();
+        if args.profile {
+            engine.gpu.start_profile();
+        }
         pollster::block_on(bench::run(&mut engine, &mode, &plan, bandwidth, &mut rows))?;
         if !args.json {
             // the table so far, as each engine finishes (the header with the first)
@@ -95,6 +101,8 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "bandwidthGBs": bandwidth, "rows": rows })).unwrap());
+    } else if args.profile {
+        print!("{}", bench::profile_table(&rows, 10));
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 use super::Engine;
 use crate::clock::now_s;
+use crate::gpu::kernel::KernelTime;
 use crate::gpu::{bandwidth, Gpu, GpuCounters, Pass};
 
 /// What to run on each engine.
@@ -47,6 +48,9 @@ pub struct BenchRow {
     /// Decode: bytes a token must read ÷ the bandwidth measured in this run, and ms/token over it.
     pub floor_ms_per_token: Option<f64>,
     pub times_floor: Option<f64>,
+    /// With the GPU profiling (`lingtab bench --profile`): time by kernel, slowest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<KernelTime>,
 }
 
 /// Token ids for a prompt: a seeded stream over the vocabulary (the engine's speed does not depend on them,
@@ -69,6 +73,7 @@ struct Mark {
 }
 
 fn mark(engine: &Engine) -> Mark {
+    engine.gpu.take_profile(); // what ran before the stretch is not the stretch's
     Mark { at: now_s(), gpu: engine.gpu.counters() }
 }
 
@@ -96,6 +101,7 @@ fn row(engine: &Engine, mode: &str, phase: &str, prompt: usize, chunk: usize, to
         hit_rate: s.hit_rate(),
         floor_ms_per_token: None,
         times_floor: None,
+        kernels: engine.gpu.take_profile(),
     }
 }
 
@@ -205,6 +211,19 @@ pub fn table(rows: &[BenchRow]) -> String {
             opt(r.floor_ms_per_token, 3),
             opt(r.times_floor, 1),
         );
+    }
+    out
+}
+
+/// Each profiled row's kernels (the `top` slowest), under the row's name.
+pub fn profile_table(rows: &[BenchRow], top: usize) -> String {
+    let mut out = String::new();
+    for r in rows.iter().filter(|r| !r.kernels.is_empty()) {
+        let total: f64 = r.kernels.iter().map(|k| k.ms).sum();
+        out += &format!("{} {} prompt {} chunk {}: {:.3} ms of GPU work per token\n", r.mode, r.phase, r.prompt, r.chunk, total / r.tokens.max(1) as f64);
+        for k in r.kernels.iter().take(top) {
+            out += &format!("  {:>6.1}%  {:>9.3} ms/tok  {:>8.1} dispatches/tok  {}\n", 100.0 * k.ms / total.max(1e-12), k.ms / r.tokens.max(1) as f64, k.dispatches as f64 / r.tokens.max(1) as f64, k.kernel);
+        }
     }
     out
 }

@@ -34,6 +34,17 @@ pub struct Kernel {
 #[derive(Default)]
 pub struct KernelCache {
     kernels: std::cell::RefCell<HashMap<(String, String), Rc<Kernel>>>,
+    /// While profiling: seconds and dispatches by kernel label (see [`Gpu::start_profile`]).
+    profile: std::cell::RefCell<Option<HashMap<String, (u64, f64)>>>,
+}
+
+/// One kernel's share of a profiled stretch: its dispatches and their time, each dispatch submitted alone and
+/// waited for, less the cost of an empty submit-and-wait measured when profiling started.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KernelTime {
+    pub kernel: String,
+    pub dispatches: u64,
+    pub ms: f64,
 }
 
 impl Gpu {
@@ -59,6 +70,44 @@ impl Gpu {
         let kernel = Rc::new(Kernel { label: format!("{label}:{entry}"), pipeline, layout });
         self.kernels.kernels.borrow_mut().insert(key, kernel.clone());
         kernel
+    }
+
+    /// Starts timing every dispatch by kernel (native only: a pass then runs one dispatch at a time, each
+    /// waited for, so the totals show where GPU time goes, not how fast the engine runs).
+    pub fn start_profile(&self) {
+        self.kernels.profile.replace(Some(HashMap::new()));
+    }
+
+    pub fn is_profiling(&self) -> bool {
+        self.kernels.profile.borrow().is_some()
+    }
+
+    /// The kernels' times since the last call (or since [`Gpu::start_profile`]), slowest first; profiling goes on.
+    pub fn take_profile(&self) -> Vec<KernelTime> {
+        let Some(by_kernel) = self.kernels.profile.borrow_mut().as_mut().map(std::mem::take) else { return Vec::new() };
+        let empty = self.empty_submit_s();
+        let mut times: Vec<KernelTime> = by_kernel
+            .into_iter()
+            .map(|(kernel, (dispatches, s))| KernelTime { kernel, dispatches, ms: 1e3 * (s - dispatches as f64 * empty).max(0.0) })
+            .collect();
+        times.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+        times
+    }
+
+    /// Seconds of one empty submit and wait (what every profiled dispatch pays on top of its work).
+    fn empty_submit_s(&self) -> f64 {
+        let reps = 20;
+        let began = crate::clock::now_s();
+        for _ in 0..reps {
+            self.queue.submit([self.device.create_command_encoder(&Default::default()).finish()]);
+            self.wait_idle();
+        }
+        (crate::clock::now_s() - began) / reps as f64
+    }
+
+    fn wait_idle(&self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
     }
 }
 
@@ -114,6 +163,9 @@ impl Pass {
 
     /// Encodes every dispatch into one compute pass and submits it.
     pub fn submit(self, gpu: &Gpu) {
+        if gpu.is_profiling() {
+            return self.submit_one_by_one(gpu);
+        }
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
@@ -124,6 +176,28 @@ impl Pass {
             }
         }
         gpu.queue.submit([encoder.finish()]);
+        gpu.count_submit(self.dispatches.len());
+    }
+
+    fn submit_one_by_one(self, gpu: &Gpu) {
+        for d in &self.dispatches {
+            let began = crate::clock::now_s();
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&d.kernel.pipeline);
+                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
+            }
+            gpu.queue.submit([encoder.finish()]);
+            gpu.wait_idle();
+            let took = crate::clock::now_s() - began;
+            if let Some(by_kernel) = gpu.kernels.profile.borrow_mut().as_mut() {
+                let e = by_kernel.entry(d.kernel.label.clone()).or_default();
+                e.0 += 1;
+                e.1 += took;
+            }
+        }
         gpu.count_submit(self.dispatches.len());
     }
 }

@@ -117,6 +117,7 @@ pub fn attention_tokens(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache:
     assert!(tokens >= 1);
     assert_cache_holds(cache, pos + tokens - 1, rank, rope_dim);
     assert!(rank <= MAX_RANK, "kv_lora_rank {rank} > {MAX_RANK}");
+    assert!(rank + rope_dim <= MAX_RANK + 128, "kv_lora_rank + rope_dim {} > {}", rank + rope_dim, MAX_RANK + 128); // ATTN_MAX_WIDTH
     let kernel = gpu.kernel(LABEL, SHADER, "mla_attention");
     let scale = 1.0 / (d_qk as f32).sqrt(); // llama.cpp: kq_scale = 1.0f/sqrtf(float(n_embd_head_k_mla))
     let params = [P::U(pos), P::U(n_head), P::U(rank), P::U(rope_dim), P::F(scale), P::U(tokens)];

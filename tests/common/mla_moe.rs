@@ -115,12 +115,12 @@ pub async fn mla_attention_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
     let n_head = 3u32;
-    let n_ctx = 160u32;
+    let n_ctx = 320u32;
     for (rank, rope_dim, d_nope, _) in MLA_SHAPES {
         let width = (rank + rope_dim) as usize;
         let d_qk = d_nope + rope_dim;
-        // 150 spans three chunks of 64 rows, the last one partial
-        for pos in [0u32, 37, 150] {
+        // 300 spans two chunks of 256 rows, the last one partial
+        for pos in [0u32, 37, 150, 300] {
             let std = rng.uniform(0.3, 2.0);
             let q_abs = rng.normals(n_head as usize * width, std);
             let mut cache = rng.normals(n_ctx as usize * width, 1.0);
