@@ -1240,8 +1240,8 @@ mod store {
             lingtab::web::Engine::load(o.into())
         };
         let options = js_sys::Object::new();
-        js_sys::Reflect::set(&options, &"prompts".into(), &js_sys::Array::of1(&24.into())).unwrap();
-        js_sys::Reflect::set(&options, &"decode".into(), &6.into()).unwrap();
+        js_sys::Reflect::set(&options, &"prompts".into(), &js_sys::Array::of1(&16.into())).unwrap();
+        js_sys::Reflect::set(&options, &"decode".into(), &4.into()).unwrap();
         js_sys::Reflect::set(&options, &"chunks".into(), &js_sys::Array::of2(&1.into(), &8.into())).unwrap();
         let row = |rows: &js_sys::Array, phase: &str, chunk: f64, key: &str| -> f64 {
             let r = rows.iter().find(|r| get(r, "phase").as_string().as_deref() == Some(phase) && get(r, "chunk").as_f64() == Some(chunk)).unwrap_or_else(|| panic!("no {phase} row with chunk {chunk}"));
@@ -1258,8 +1258,8 @@ mod store {
             assert!(table.lines().next().unwrap().contains("tok/s"));
             assert!(row(&rows, "prefill", 8.0, "dispatchesPerToken") < row(&rows, "prefill", 1.0, "dispatchesPerToken") / 2.0, "{table}");
             assert!(row(&rows, "prefill", 8.0, "speedup") > 0.0);
-            assert_eq!(row(&rows, "prefill", 8.0, "tokens"), 24.0);
-            assert_eq!(row(&rows, "decode", 1.0, "tokens"), 6.0);
+            assert_eq!(row(&rows, "prefill", 8.0, "tokens"), 16.0);
+            assert_eq!(row(&rows, "decode", 1.0, "tokens"), 4.0);
             match pool {
                 None => {
                     assert_eq!(row(&rows, "decode", 1.0, "syncsPerToken"), 1.0, "resident decode: one readback per token\n{table}");
