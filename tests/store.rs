@@ -1097,3 +1097,66 @@ fn one_ingest_of_a_store_at_a_time_and_none_while_an_engine_reads_it() {
     assert!(ingest_cmd(&store).output().unwrap().status.success());
     std::fs::remove_dir_all(&store).unwrap();
 }
+
+/// Store bytes changed under a running streaming engine: an expert record overwritten in place, then data.bin
+/// cut short. The step that reads them fails with a clear error (a step served from records already in the
+/// pool gives the intact logits: those bytes were checked when they were read); no step gives other logits.
+/// With the bytes put back the same engine gives the intact store's logits again.
+#[test]
+fn a_store_file_overwritten_or_cut_under_a_running_engine_is_a_clear_error_never_other_logits() {
+    use std::io::{Seek, SeekFrom, Write};
+    let base = serve_fixtures();
+    let store = temp_store("under-engine");
+    ingest_from(&base, &store, &IngestOptions { unit_bytes: 64 << 10, in_flight: 4 }).unwrap();
+    let intact = std::fs::read(store.join("data.bin")).unwrap();
+    let files: Vec<Vec<u8>> = NAMES.iter().map(|n| std::fs::read(fixture_dir().join(n)).unwrap()).collect();
+    let layout = lingtab::store::StoreLayout::from_model(&SplitModel::new(files.iter().map(|b| (parse_header(b, Some(b.len() as u64)).unwrap(), b.len() as u64)).collect()).unwrap()).unwrap();
+    let records = &layout.experts[1];
+    let tokens = [2949u32, 3536, 786, 17, 1201, 99, 2500, 64, 3000, 5, 1800, 222];
+    let mut resident = store_engine(&store);
+    let want: Vec<Vec<f32>> = tokens.iter().map(|&t| pollster::block_on(resident.step(t)).unwrap()).collect();
+    drop(resident);
+    let dir = FsDir::new(&store).unwrap();
+    let (model, parts) = pollster::block_on(open_complete(&dir)).unwrap();
+    let options = EngineOptions { pool_bytes: Some(records.stride * 10), ..Default::default() };
+    let checks = pollster::block_on(read_checks(&dir)).unwrap();
+    assert!(checks.is_some());
+    let mut engine = pollster::block_on(async { Engine::open_checked(Gpu::new().await.unwrap(), &model, parts, checks, &options).await.unwrap() });
+    assert!(engine.is_streaming());
+    // steps until one fails; every one before it must give the intact logits
+    let run = |engine: &mut Engine| -> Result<(), String> {
+        engine.reset();
+        for (i, &t) in tokens.iter().enumerate() {
+            let got = pollster::block_on(engine.step(t))?;
+            assert!(got == want[i], "step {i} gave other logits than the intact store");
+        }
+        Ok(())
+    };
+    run(&mut engine).expect("the intact store");
+    let data = || std::fs::OpenOptions::new().write(true).open(store.join("data.bin")).unwrap();
+
+    // a byte of every expert's gate rows in layer L changed in place, as another program writing the file would
+    let mut f = data();
+    for e in 0..32u64 {
+        f.seek(SeekFrom::Start(records.offset + e * records.stride + records.gate + 100)).unwrap();
+        f.write_all(&[intact[(records.offset + e * records.stride + records.gate + 100) as usize] ^ 0x10]).unwrap();
+    }
+    f.sync_all().unwrap();
+    let err = run(&mut engine).expect_err("changed expert records must fail the step that reads one");
+    eprintln!("overwritten: {err}");
+    assert!(err.contains(&format!("layer {} expert ", records.layer)) && err.contains("its gate rows") && err.contains("changed on disk"), "{err}");
+    assert_eq!(engine.position(), 0, "a failed step forgets the half-updated sequence");
+    std::fs::write(store.join("data.bin"), &intact).unwrap();
+    run(&mut engine).expect("the bytes put back");
+
+    // data.bin cut inside layer L's experts
+    data().set_len(records.offset + records.stride / 2).unwrap();
+    let err = run(&mut engine).expect_err("a cut data.bin must fail the step that reads past its end");
+    eprintln!("cut: {err}");
+    assert!(err.contains("reading experts of layer") && err.contains("data.bin"), "{err}");
+    assert_eq!(engine.position(), 0);
+    std::fs::write(store.join("data.bin"), &intact).unwrap();
+    run(&mut engine).expect("the bytes put back");
+    drop(engine);
+    std::fs::remove_dir_all(&store).unwrap();
+}
