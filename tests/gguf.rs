@@ -288,6 +288,22 @@ fn read_header_requests_follow_the_bytes_received_not_the_lengths_claimed() {
     assert!(longest <= 1 << 20, "asked for {longest} bytes");
     assert!(err.contains("corrupt GGUF: the header claims to be longer than 256 MiB"), "{err}");
 
+    // found by the gguf_header fuzz target: the padding up to the tensor data was read in one request, and an
+    // alignment may be 2^31; now it is read like the header (doubling) and refused past the header limit
+    let kv_alignment = |a: u32| {
+        let mut b = (17u64).to_le_bytes().to_vec();
+        b.extend_from_slice(b"general.alignment");
+        b.extend_from_slice(&4u32.to_le_bytes());
+        b.extend_from_slice(&a.to_le_bytes());
+        b
+    };
+    let (err, longest) = read_claimed(header_bytes(3, 0, 1, &kv_alignment(1 << 30)), 1 << 40);
+    assert!(longest <= 1 << 20, "asked for {longest} bytes");
+    assert!(err.contains("corrupt GGUF: the header claims to be longer than 256 MiB") && err.contains("1073741824"), "{err}");
+    let (err, longest) = read_claimed(header_bytes(3, 0, 1, &kv_alignment(1 << 26)), 1 << 40);
+    assert!(longest <= 1 << 20, "asked for {longest} bytes");
+    assert!(err.contains("the source returned 0 of"), "{err}");
+
     // a real header still reads in full through short reads
     let parts = read_parts();
     let head_len = parse_header(&parts[0], None).unwrap().data_start as usize;

@@ -63,13 +63,26 @@ pub async fn read_header_bytes<S: RangeSource>(source: &S) -> Result<(Header, u6
     loop {
         match parse_header(&prefix, Some(total)) {
             Ok(h) if h.data_start > prefix.len() as u64 && h.data_start <= total => {
-                // the header's padding up to the first tensor: part of what the store keeps of it
-                let start = prefix.len() as u64;
-                let (more, _) = source.read_range(start, h.data_start - start).await?;
-                if more.len() as u64 != h.data_start - start {
-                    return Err(format!("{}: the source returned {} of {} bytes at offset {start}", source.describe(), more.len(), h.data_start - start));
+                // the header's padding up to the first tensor: part of what the store keeps of it. An alignment
+                // may be up to 2^31, so the padding is read as the header is (doubling, never a request longer
+                // than the bytes already received) and refused past the header limit.
+                if h.data_start > MAX_HEADER_BYTES {
+                    return Err(format!(
+                        "{}: corrupt GGUF: the header claims to be longer than {} MiB (its tensor data starts at byte {})",
+                        source.describe(),
+                        MAX_HEADER_BYTES >> 20,
+                        h.data_start
+                    ));
                 }
-                prefix.extend_from_slice(&more);
+                while (prefix.len() as u64) < h.data_start {
+                    let start = prefix.len() as u64;
+                    let want = (start * 2).max(FIRST_READ).min(h.data_start);
+                    let (more, _) = source.read_range(start, want - start).await?;
+                    if more.len() as u64 != want - start {
+                        return Err(format!("{}: the source returned {} of {} bytes at offset {start}", source.describe(), more.len(), want - start));
+                    }
+                    prefix.extend_from_slice(&more);
+                }
                 return Ok((h, total, prefix));
             }
             Ok(h) => return Ok((h, total, prefix)),

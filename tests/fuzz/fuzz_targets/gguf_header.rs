@@ -53,6 +53,9 @@ fuzz_target!(|data: &[u8]| {
             assert_same_header(&h, k);
         }
         (Ok(_), Err(e)) => panic!("read_header accepts what parse_header refuses ({e})"),
+        // the header parses from the prefix, but its padding up to the tensor data lies past it: a source of
+        // only the prefix cannot serve what a real file of the claimed length would (found by fuzzing)
+        (Err(e), Ok(k)) if k.data_start > prefix_len && (e.contains("the source returned") || e.contains("longer than")) => {}
         (Err(e), Ok(_)) => panic!("read_header refuses what parse_header accepts: {e}"),
         (Err(e), Err(_)) => assert!(e.starts_with("fuzz input"), "the error names the source: {e}"),
     }
