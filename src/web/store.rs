@@ -418,7 +418,12 @@ pub async fn open_store(name: &str, readers: usize) -> Result<(crate::gguf::Spli
             Err(ReadersError::Unavailable(why)) => {
                 web_sys::console::warn_1(&format!("lingtab: store {name:?} is read by one reader in the engine's worker, not {readers}: {why}").into());
             }
-            Err(ReadersError::Failed(e)) => return Err(js_error(format!("Engine.load: {e}"))),
+            Err(ReadersError::Failed(e)) => {
+                // what is wrong with the store itself (no data file, an unfinished ingest, a wrong size) says
+                // more than the reader's view of it
+                open_complete(&dir.with_access(Access::Async)).await.map_err(|store| js_error(format!("Engine.load: {store}")))?;
+                return Err(js_error(format!("Engine.load: {e}")));
+            }
         }
     }
     // read-only, so other engines' readers can share the file (where the browser knows the mode)
