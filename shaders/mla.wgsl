@@ -145,11 +145,13 @@ fn mla_rope_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_w
 }
 
 // ── mla_attention: out[h·rank + ρ] = Σ_t softmax_t(q_abs_h·cache_t·scale)·cache_t[ρ], t = 0..=pos ──
-// One workgroup per (head, token). Rows are taken ATTN_WG at a time with an online (running-max) softmax, so any
-// pos works without a score buffer: each invocation scores one row of the chunk against the query (kept in
-// workgroup memory), the chunk's max and sum come from tree reductions, then each invocation accumulates the
+// One workgroup per (head, token, split). Rows are taken ATTN_WG at a time with an online (running-max) softmax,
+// so any pos works without a score buffer: each invocation scores one row of the chunk against the query (kept
+// in workgroup memory), the chunk's max and sum come from tree reductions, then each invocation accumulates the
 // output dims ρ ≡ lid (mod ATTN_WG) over the chunk's rows (neighbouring invocations read neighbouring floats).
-// Few barriers per row matter: decode has only n_head workgroups, each walking the whole context.
+// Decode has only n_head workgroups, too few to fill a large GPU, so its rows are split (flash-decoding): split s
+// takes rows [s·rows_per_split, (s+1)·rows_per_split) and writes its partial (max, sum, unnormalised output) for
+// mla_attention_combine. With one split the workgroup writes the output itself.
 const ATTN_WG: u32 = 256u;
 const ATTN_DIMS_PER_LANE: u32 = 4u;              // so rank ≤ 1024
 const ATTN_MAX_WIDTH: u32 = 1152u;               // rank + rope_dim
@@ -161,15 +163,19 @@ struct AttentionParams {
     rank: u32,
     rope_dim: u32,
     scale: f32,
-    // token t (grid z) at position pos + t attends rows 0..=pos + t; its queries at t·n_head·(rank + rope_dim),
-    // its outputs at t·n_head·rank
+    // token t at position pos + t attends rows 0..=pos + t; its queries at t·n_head·(rank + rope_dim), its
+    // outputs at t·n_head·rank
     tokens: u32,
+    // grid z = token·splits + split; a partial is [max, sum, acc (rank)] at ((t·n_head + h)·splits + s)·(rank + 2)
+    splits: u32,
+    rows_per_split: u32,
 }
 
 @group(0) @binding(0) var<storage, read> attn_q_abs: array<f32>;
 @group(0) @binding(1) var<storage, read> attn_cache: array<f32>;
 @group(0) @binding(2) var<storage, read_write> attn_out: array<f32>;
-@group(0) @binding(3) var<uniform> attn_params: AttentionParams;
+@group(0) @binding(3) var<storage, read_write> attn_partials: array<f32>;
+@group(0) @binding(4) var<uniform> attn_params: AttentionParams;
 
 var<workgroup> attn_q: array<f32, ATTN_MAX_WIDTH>;
 var<workgroup> attn_weights: array<f32, ATTN_WG>;
@@ -191,12 +197,20 @@ fn attn_reduce_all(v: f32, lid: u32, is_max: bool) -> f32 {
     return total;
 }
 
+fn store_partial(at: u32, value: f32) {
+    if (at < arrayLength(&attn_partials)) {
+        attn_partials[at] = value;
+    }
+}
+
 @compute @workgroup_size(256)
 fn mla_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
     let p = attn_params;
     let head = wg.x + wg.y * n_wg.x;
-    let token = wg.z;
+    let splits = max(p.splits, 1u);
+    let token = wg.z / splits;
+    let split = wg.z % splits;
     if (head >= p.n_head || token >= p.tokens) { return; } // uniform: the same for the whole workgroup
     let width = min(p.rank + p.rope_dim, ATTN_MAX_WIDTH);
     let q_start = (token * p.n_head + head) * width;
@@ -205,11 +219,17 @@ fn mla_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     workgroupBarrier();
     let n_rows = p.pos + token + 1u;
+    var first_row = 0u;
+    var end_row = n_rows;
+    if (splits > 1u) {
+        first_row = min(split * p.rows_per_split, n_rows);
+        end_row = min(first_row + p.rows_per_split, n_rows);
+    }
     var running_max = ATTN_LOWEST;
     var running_sum = 0.0;
     var acc: array<f32, ATTN_DIMS_PER_LANE>;
-    for (var chunk_start = 0u; chunk_start < n_rows; chunk_start += ATTN_WG) {
-        let chunk_len = min(ATTN_WG, n_rows - chunk_start);
+    for (var chunk_start = first_row; chunk_start < end_row; chunk_start += ATTN_WG) {
+        let chunk_len = min(ATTN_WG, end_row - chunk_start);
         var score = ATTN_LOWEST;
         if (lid < chunk_len) {
             let row_start = (chunk_start + lid) * width;
@@ -242,11 +262,64 @@ fn mla_attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         running_max = chunk_max;
         workgroupBarrier(); // the next chunk overwrites attn_weights
     }
+    if (splits == 1u) {
+        for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
+            let rho = lid + j * ATTN_WG;
+            let at = (token * p.n_head + head) * p.rank + rho;
+            if (rho < p.rank && at < arrayLength(&attn_out)) {
+                attn_out[at] = acc[j] / running_sum;
+            }
+        }
+        return;
+    }
+    // an empty split leaves (lowest, 0, 0): the combine weighs it by exp(lowest − max) = 0
+    let partial = ((token * p.n_head + head) * splits + split) * (p.rank + 2u);
+    if (lid == 0u) {
+        store_partial(partial, running_max);
+        store_partial(partial + 1u, running_sum);
+    }
     for (var j = 0u; j < ATTN_DIMS_PER_LANE; j++) {
         let rho = lid + j * ATTN_WG;
-        let at = (token * p.n_head + head) * p.rank + rho;
-        if (rho < p.rank && at < arrayLength(&attn_out)) {
-            attn_out[at] = acc[j] / running_sum;
+        if (rho < p.rank) {
+            store_partial(partial + 2u + rho, acc[j]);
+        }
+    }
+}
+
+// ── mla_attention_combine: out[h·rank + ρ] = Σ_s e_s·acc_s[ρ] / Σ_s e_s·sum_s, e_s = exp(max_s − max) ──
+// One workgroup per (head, token), over the partials mla_attention wrote (same params).
+
+@group(0) @binding(0) var<storage, read> combine_partials: array<f32>;
+@group(0) @binding(1) var<storage, read_write> combine_out: array<f32>;
+@group(0) @binding(2) var<uniform> combine_params: AttentionParams;
+
+@compute @workgroup_size(256)
+fn mla_attention_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let p = combine_params;
+    let head = wg.x + wg.y * n_wg.x;
+    let token = wg.z;
+    if (head >= p.n_head || token >= p.tokens) { return; }
+    let stride = p.rank + 2u;
+    let first = (token * p.n_head + head) * p.splits * stride;
+    var max_all = ATTN_LOWEST;
+    for (var s = 0u; s < p.splits; s++) {
+        max_all = max(max_all, combine_partials[first + s * stride]);
+    }
+    var total = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        let at = first + s * stride;
+        total += exp(combine_partials[at] - max_all) * combine_partials[at + 1u];
+    }
+    for (var rho = lid; rho < p.rank; rho += ATTN_WG) {
+        var mixed = 0.0;
+        for (var s = 0u; s < p.splits; s++) {
+            let at = first + s * stride;
+            mixed += exp(combine_partials[at] - max_all) * combine_partials[at + 2u + rho];
+        }
+        let out_at = (token * p.n_head + head) * p.rank + rho;
+        if (out_at < arrayLength(&combine_out)) {
+            combine_out[out_at] = mixed / total;
         }
     }
 }

@@ -61,6 +61,8 @@ pub struct Prefill {
     kv: wgpu::Buffer,
     q_abs: wgpu::Buffer,
     latent_mix: wgpu::Buffer,
+    /// too small to split: a chunk already has n_head·tokens attention workgroups
+    attn_partials: wgpu::Buffer,
     heads_out: wgpu::Buffer,
     gate_logits: wgpu::Buffer,
     // FFN (the dense and shared FFNs and the experts' pairs share gu and act)
@@ -125,6 +127,7 @@ impl Prefill {
             + w.per_chunk_token.iter().map(|&n| bytes(chunk * n)).sum::<u64>()
             + bytes(group_words(c, chunk) as usize)
             + bytes(c.n_expert)
+            + bytes(1)
     }
 
     /// Chunk and span lowered until every buffer fits `max_binding` bytes.
@@ -174,6 +177,7 @@ impl Prefill {
             kv: floats(gpu, "prefill kv", t * latent),
             q_abs: floats(gpu, "prefill q absorbed", t * nh * latent),
             latent_mix: floats(gpu, "prefill latent mix", t * nh * c.kv_lora_rank),
+            attn_partials: floats(gpu, "prefill attention partials (unsplit)", 1),
             heads_out: floats(gpu, "prefill heads out", t * nh * c.value_length_mla),
             gate_logits: floats(gpu, "prefill head gate", t * nh),
             gu: floats(gpu, "prefill gate|up", t * 2 * ff),
@@ -192,7 +196,7 @@ impl Prefill {
     fn buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
         [
             &self.ids, &self.x, &self.h, &self.sel, &self.attn_out, &self.ffn_out, &self.qkv_pre, &self.qkv, &self.fa, &self.beta_logits, &self.gb,
-            &self.z, &self.o, &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.heads_out, &self.gate_logits, &self.gu,
+            &self.z, &self.o, &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.attn_partials, &self.heads_out, &self.gate_logits, &self.gu,
             &self.act, &self.router_logits, &self.groups, &self.experts_out, &self.wave_slots,
         ]
         .into_iter()
@@ -344,7 +348,7 @@ fn mla_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     let kb_stride = rank as u64 * kb_m.row_bytes() as u64;
     matmul::batched(gpu, pass, kb.whole(), kb_m, kb_stride, nh, m32, &p.q, Rows::new(0, nh * d_qk), d_qk, &p.q_abs, Rows::new(0, nh * latent), latent);
     mla::rope_q_tokens(gpu, pass, &p.q, &p.q_abs, pos, m32, nh, d_nope, rope, rank, c.rope_freq_base);
-    mla::attention_tokens(gpu, pass, &p.q_abs, cache, &p.latent_mix, pos, m32, nh, rank, rope, d_qk);
+    mla::attention_tokens(gpu, pass, &p.q_abs, cache, &p.attn_partials, &p.latent_mix, pos, m32, nh, rank, rope, d_qk);
     let vb = t("attn_v_b.weight")?;
     let vb_m = Matrix { ty: vb.ty, rows: d_v, cols: rank, byte_offset: 0 };
     let vb_stride = d_v as u64 * vb_m.row_bytes() as u64;

@@ -87,12 +87,37 @@ pub fn rope_q_tokens(gpu: &Gpu, pass: &mut Pass, q: &wgpu::Buffer, q_abs: &wgpu:
     pass.dispatch_3d(gpu, &kernel, &[q, q_abs], &params, ((n_head * rope_dim / 2).div_ceil(64), 1, tokens));
 }
 
+/// At most this many splits of a head's rows (flash-decoding): a scratch of
+/// [`partial_floats`]`(n_head, rank, 1)` floats holds them for one token.
+pub const MAX_SPLITS: u32 = 32;
+/// Splits are added until a step has about this many workgroups: decode has one per head (32 for Ling), far too
+/// few to fill a large GPU once each walks a long context.
+const TARGET_WORKGROUPS: u32 = 256;
+/// A split takes at least one workgroup's chunk of rows (256), so short contexts stay in one workgroup per head.
+const MIN_ROWS_PER_SPLIT: u32 = 256;
+
+/// Floats of the scratch [`attention_tokens`] needs to split `tokens` tokens' rows [`MAX_SPLITS`] ways: per
+/// (token, head, split) a partial `[max, sum, unnormalised output (rank)]`.
+pub fn partial_floats(n_head: u32, rank: u32, tokens: u32) -> usize {
+    tokens as usize * n_head as usize * MAX_SPLITS as usize * (rank as usize + 2)
+}
+
+/// How many ways to split each head's `n_rows` rows, with `parallel` (head, token) workgroups already, and
+/// room for `capacity` splits in the scratch.
+pub fn splits_for(n_rows: u32, parallel: u32, capacity: u32) -> u32 {
+    let by_rows = n_rows.div_ceil(MIN_ROWS_PER_SPLIT);
+    let by_grid = TARGET_WORKGROUPS.div_ceil(parallel.max(1));
+    by_rows.min(by_grid).min(capacity).clamp(1, MAX_SPLITS)
+}
+
 /// Causal attention of every head over cache rows `0..=pos`: `s_t = (q_abs_h · cache_t)/√d_qk` over all
 /// `rank + rope_dim` dims, `p = softmax(s)`, `out[h·rank + ρ] = Σ_t p_t·cache_t[ρ]` for ρ < rank (the latent
-/// output ō_h, before W_vb). One workgroup per head with an online softmax, so no score buffer and any `pos`.
+/// output ō_h, before W_vb). An online softmax, so no score buffer and any `pos`; a long context is split
+/// across workgroups and combined (see [`splits_for`]).
 ///
 /// * `q_abs`: `n_head·(rank + rope_dim)` floats, per head `[q̃_h | RoPE(q_pe_h)]`.
 /// * `cache`: at least `(pos + 1)·(rank + rope_dim)` floats (rows after `pos` are not read).
+/// * `partials`: scratch; up to [`partial_floats`]`(n_head, rank, 1)` floats are used, fewer splits if smaller.
 /// * `out`: `n_head·rank` floats.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
@@ -100,6 +125,7 @@ pub fn attention(
     pass: &mut Pass,
     q_abs: &wgpu::Buffer,
     cache: &wgpu::Buffer,
+    partials: &wgpu::Buffer,
     out: &wgpu::Buffer,
     pos: u32,
     n_head: u32,
@@ -107,22 +133,44 @@ pub fn attention(
     rope_dim: u32,
     d_qk: u32,
 ) {
-    attention_tokens(gpu, pass, q_abs, cache, out, pos, 1, n_head, rank, rope_dim, d_qk);
+    attention_tokens(gpu, pass, q_abs, cache, partials, out, pos, 1, n_head, rank, rope_dim, d_qk);
 }
 
 /// [`attention`] for `tokens` tokens of a chunk, causally: token t (position `pos + t`) attends cache rows
 /// `0..=pos + t`; its queries at `q_abs[t·n_head·(rank + rope_dim) ..]`, its outputs at `out[t·n_head·rank ..]`.
+/// It splits the rows as far as `partials` holds [`partial_floats`] for.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_tokens(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32) {
+pub fn attention_tokens(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, partials: &wgpu::Buffer, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32) {
+    let per_split = partial_floats(n_head, rank, tokens) as u64 / MAX_SPLITS as u64 * 4;
+    let capacity = (partials.size() / per_split.max(1)).min(MAX_SPLITS as u64) as u32;
+    let splits = splits_for(pos + tokens, n_head * tokens, capacity);
+    attention_split(gpu, pass, q_abs, cache, partials, out, pos, tokens, n_head, rank, rope_dim, d_qk, splits);
+}
+
+/// [`attention_tokens`] with each head's rows split `splits` ways, `⌈(pos + tokens)/splits⌉` rows each (the
+/// last token's count; earlier tokens of a chunk may leave a split empty). With `splits > 1`, `partials` must
+/// hold [`partial_floats`]`(n_head, rank, tokens)·splits/MAX_SPLITS` floats and a second dispatch combines them.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_split(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, partials: &wgpu::Buffer, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32, splits: u32) {
     assert!(tokens >= 1);
     assert_cache_holds(cache, pos + tokens - 1, rank, rope_dim);
     assert!(rank <= MAX_RANK, "kv_lora_rank {rank} > {MAX_RANK}");
     assert!(rank + rope_dim <= MAX_RANK + 128, "kv_lora_rank + rope_dim {} > {}", rank + rope_dim, MAX_RANK + 128); // ATTN_MAX_WIDTH
+    assert!((1..=MAX_SPLITS).contains(&splits), "{splits} splits: 1 to {MAX_SPLITS}");
+    if splits > 1 {
+        let needed = partial_floats(n_head, rank, tokens) as u64 / MAX_SPLITS as u64 * splits as u64 * 4;
+        assert!(partials.size() >= needed, "a {}-byte scratch cannot hold {splits} splits ({needed} bytes needed)", partials.size());
+    }
     let kernel = gpu.kernel(LABEL, SHADER, "mla_attention");
     let scale = 1.0 / (d_qk as f32).sqrt(); // llama.cpp: kq_scale = 1.0f/sqrtf(float(n_embd_head_k_mla))
-    let params = [P::U(pos), P::U(n_head), P::U(rank), P::U(rope_dim), P::F(scale), P::U(tokens)];
+    let rows_per_split = (pos + tokens).div_ceil(splits);
+    let params = [P::U(pos), P::U(n_head), P::U(rank), P::U(rope_dim), P::F(scale), P::U(tokens), P::U(splits), P::U(rows_per_split)];
     let (x, y) = gpu.grid(n_head);
-    pass.dispatch_3d(gpu, &kernel, &[q_abs, cache, out], &params, (x, y, tokens));
+    pass.dispatch_3d(gpu, &kernel, &[q_abs, cache, out, partials], &params, (x, y, tokens * splits));
+    if splits > 1 {
+        let combine = gpu.kernel(LABEL, SHADER, "mla_attention_combine");
+        pass.dispatch_3d(gpu, &combine, &[partials, out], &params, (x, y, tokens));
+    }
 }
 
 /// The head-wise gate, in place: `o[h·d_v + a] *= σ(gate_logits[h])`.

@@ -115,21 +115,27 @@ pub async fn mla_attention_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
     let n_head = 3u32;
-    let n_ctx = 320u32;
+    let n_ctx = 1100u32;
     for (rank, rope_dim, d_nope, _) in MLA_SHAPES {
         let width = (rank + rope_dim) as usize;
         let d_qk = d_nope + rope_dim;
-        // 300 spans two chunks of 256 rows, the last one partial
-        for pos in [0u32, 37, 150, 300] {
+        // 300 spans two chunks of 256 rows, the last one partial, and the default splits it 2 ways (3 heads);
+        // 1099: the default's 5 splits of 220 rows, and 2 splits of 550 rows (3 chunks each). Explicit splits:
+        // 1 (one workgroup per head), 3 (uneven), 32 at pos 0 and 37 (most splits empty).
+        for (pos, splits) in [(0u32, None), (0, Some(32)), (37, Some(32)), (150, Some(3)), (300, None), (300, Some(1)), (1099, None), (1099, Some(2))] {
             let std = rng.uniform(0.3, 2.0);
             let q_abs = rng.normals(n_head as usize * width, std);
             let mut cache = rng.normals(n_ctx as usize * width, 1.0);
             // rows after pos must not be read: make them loud
             cache[(pos as usize + 1) * width..].iter_mut().for_each(|v| *v *= 1000.0);
             let out = poisoned(gpu, "attention out", (n_head * rank) as usize);
+            let partials = poisoned(gpu, "attention partials", mla::partial_floats(n_head, rank, 1));
             let mut pass = Pass::new();
             let (q_buf, cache_buf) = (gpu.upload("q_abs", &f32_bytes(&q_abs)), gpu.upload("cache", &f32_bytes(&cache)));
-            mla::attention(gpu, &mut pass, &q_buf, &cache_buf, &out, pos, n_head, rank, rope_dim, d_qk);
+            match splits {
+                Some(splits) => mla::attention_split(gpu, &mut pass, &q_buf, &cache_buf, &partials, &out, pos, 1, n_head, rank, rope_dim, d_qk, splits),
+                None => mla::attention(gpu, &mut pass, &q_buf, &cache_buf, &partials, &out, pos, n_head, rank, rope_dim, d_qk),
+            }
             pass.submit(gpu);
             let got = read_f32(gpu, &out, (n_head * rank) as usize).await;
 
@@ -147,7 +153,8 @@ pub async fn mla_attention_matches_reference(gpu: &Gpu) {
                     (0..rank as usize).map(|rho| rows.iter().zip(&weights).map(|(row, w)| w * row[rho] as f64).sum::<f64>() / total),
                 );
             }
-            check(&format!("attention pos {pos} (R {rank}, r {rope_dim}, seed {seed})"), &got, &want, 1e-5, 1e-5);
+            let split = splits.unwrap_or_else(|| mla::splits_for(pos + 1, n_head, mla::MAX_SPLITS));
+            check(&format!("attention pos {pos}, {split} splits (R {rank}, r {rope_dim}, seed {seed})"), &got, &want, 1e-5, 1e-5);
         }
     }
 }
