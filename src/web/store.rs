@@ -419,9 +419,11 @@ pub async fn open_store(name: &str, readers: usize) -> Result<(crate::gguf::Spli
                 web_sys::console::warn_1(&format!("lingtab: store {name:?} is read by one reader in the engine's worker, not {readers}: {why}").into());
             }
             Err(ReadersError::Failed(e)) => {
-                // what is wrong with the store itself (no data file, an unfinished ingest, a wrong size) says
-                // more than the reader's view of it
-                open_complete(&dir.with_access(Access::Async)).await.map_err(|store| js_error(format!("Engine.load: {store}")))?;
+                // no data file is the store's fault: the store names it, with how to repair it
+                let unlocked = dir.with_access(Access::Async);
+                if unlocked.open(DATA_FILE, false).await.map_err(js_error)?.is_none() {
+                    open_complete(&unlocked).await.map_err(|store| js_error(format!("Engine.load: {store}")))?;
+                }
                 return Err(js_error(format!("Engine.load: {e}")));
             }
         }
