@@ -99,7 +99,12 @@ const MIN_ROWS_PER_SPLIT: u32 = 256;
 /// Floats of the scratch [`attention_tokens`] needs to split `tokens` tokens' rows [`MAX_SPLITS`] ways: per
 /// (token, head, split) a partial `[max, sum, unnormalised output (rank)]`.
 pub fn partial_floats(n_head: u32, rank: u32, tokens: u32) -> usize {
-    tokens as usize * n_head as usize * MAX_SPLITS as usize * (rank as usize + 2)
+    MAX_SPLITS as usize * (split_bytes(n_head, rank, tokens) / 4) as usize
+}
+
+/// Bytes of one split's partials for `tokens` tokens.
+fn split_bytes(n_head: u32, rank: u32, tokens: u32) -> u64 {
+    tokens as u64 * n_head as u64 * (rank as u64 + 2) * 4
 }
 
 /// How many ways to split each head's `n_rows` rows, with `parallel` (head, token) workgroups already, and
@@ -141,8 +146,7 @@ pub fn attention(
 /// It splits the rows as far as `partials` holds [`partial_floats`] for.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_tokens(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, partials: &wgpu::Buffer, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32) {
-    let per_split = partial_floats(n_head, rank, tokens) as u64 / MAX_SPLITS as u64 * 4;
-    let capacity = (partials.size() / per_split.max(1)).min(MAX_SPLITS as u64) as u32;
+    let capacity = (partials.size() / split_bytes(n_head, rank, tokens).max(1)).min(MAX_SPLITS as u64) as u32;
     let splits = splits_for(pos + tokens, n_head * tokens, capacity);
     attention_split(gpu, pass, q_abs, cache, partials, out, pos, tokens, n_head, rank, rope_dim, d_qk, splits);
 }
@@ -158,7 +162,7 @@ pub fn attention_split(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: 
     assert!(rank + rope_dim <= MAX_RANK + 128, "kv_lora_rank + rope_dim {} > {}", rank + rope_dim, MAX_RANK + 128); // ATTN_MAX_WIDTH
     assert!((1..=MAX_SPLITS).contains(&splits), "{splits} splits: 1 to {MAX_SPLITS}");
     if splits > 1 {
-        let needed = partial_floats(n_head, rank, tokens) as u64 / MAX_SPLITS as u64 * splits as u64 * 4;
+        let needed = split_bytes(n_head, rank, tokens) * splits as u64;
         assert!(partials.size() >= needed, "a {}-byte scratch cannot hold {splits} splits ({needed} bytes needed)", partials.size());
     }
     let kernel = gpu.kernel(LABEL, SHADER, "mla_attention");

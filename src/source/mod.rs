@@ -76,12 +76,10 @@ pub async fn read_header_bytes<S: RangeSource>(source: &S) -> Result<(Header, u6
                 }
                 while (prefix.len() as u64) < h.data_start {
                     let start = prefix.len() as u64;
-                    let want = (start * 2).max(FIRST_READ).min(h.data_start);
-                    let (more, _) = source.read_range(start, want - start).await?;
-                    if more.len() as u64 != want - start {
-                        return Err(format!("{}: the source returned {} of {} bytes at offset {start}", source.describe(), more.len(), want - start));
+                    let (got, asked) = read_more(source, &mut prefix, h.data_start).await?;
+                    if got != asked {
+                        return Err(format!("{}: the source returned {got} of {asked} bytes at offset {start}", source.describe()));
                     }
-                    prefix.extend_from_slice(&more);
                 }
                 return Ok((h, total, prefix));
             }
@@ -94,16 +92,10 @@ pub async fn read_header_bytes<S: RangeSource>(source: &S) -> Result<(Header, u6
                 ));
             }
             Err(GgufError::NeedMoreBytes { needed }) if needed <= total && (prefix.len() as u64) < total => {
-                // Double the prefix: a 150k-token vocabulary costs a handful of requests, and no request (a
-                // source allocates what it is asked for) is longer than the bytes already received, whatever
-                // length the header claims.
-                let want = (prefix.len() as u64 * 2).max(FIRST_READ).min(total);
                 let start = prefix.len() as u64;
-                let (more, _) = source.read_range(start, want - start).await?;
-                if more.is_empty() {
+                if read_more(source, &mut prefix, total).await?.0 == 0 {
                     return Err(format!("{}: the source returned no bytes at offset {start}", source.describe()));
                 }
-                prefix.extend_from_slice(&more);
             }
             Err(GgufError::NeedMoreBytes { needed }) => {
                 return Err(format!("{}: truncated GGUF: the header needs {needed} bytes, the file has {total}", source.describe()))
@@ -111,6 +103,17 @@ pub async fn read_header_bytes<S: RangeSource>(source: &S) -> Result<(Header, u6
             Err(e) => return Err(format!("{}: {e}", source.describe())),
         }
     }
+}
+
+/// Doubles `prefix` from the source, up to byte `limit`: a 150k-token vocabulary costs a handful of requests, and
+/// no request (a source allocates what it is asked for) is longer than the bytes already received, whatever length
+/// the header claims. Returns the bytes received and asked for.
+async fn read_more<S: RangeSource>(source: &S, prefix: &mut Vec<u8>, limit: u64) -> Result<(u64, u64), String> {
+    let start = prefix.len() as u64;
+    let asked = (start * 2).max(FIRST_READ).min(limit) - start;
+    let (more, _) = source.read_range(start, asked).await?;
+    prefix.extend_from_slice(&more);
+    Ok((more.len() as u64, asked))
 }
 
 /// Opens every part of a model from the name (path or URL) of its first part; `open` makes a source for a name.
