@@ -11,9 +11,10 @@
 //                   reads x[x_offset + b·x_batch + t·x_stride ..], writes y[y_offset + b·y_batch + t·y_stride + r]
 //                   (one matrix, or one per head for MLA's absorbed products).
 //   matmul_rows     the same with row tiles.
-//   matmul_experts  row tiles; grid (row tile, entry of the tile list written by moe_group): the entry's expert is
-//                   read from its pool slot; the entry's tokens are pairs p = token·k + j from the list, reading x
-//                   row p / x_div (at x_offset + row·x_stride) and writing y row p (at y_offset + p·y_stride).
+//   matmul_experts  wide, the columns split among idle invocations for few pairs; grid (row tile, entry of the
+//                   tile list written by moe_group): the entry's expert is read from its pool slot; the entry's
+//                   tokens are pairs p = token·k + j from the list, reading x row p / x_div (at x_offset +
+//                   row·x_stride) and writing y row p (at y_offset + p·y_stride).
 // Prepended with quant.wgsl. Every write is bounds-checked.
 
 const TILE_ROWS: u32 = 64u;
@@ -189,7 +190,6 @@ const ROW_TOKENS: u32 = 16u;
 
 // [tile token][column k of the step / 4]
 var<workgroup> token_tile: array<vec4<f32>, 128>;
-var<workgroup> entry_info: vec4<u32>;
 
 // Values col .. col+31 (one sub-block) of the row starting at byte `row`.
 fn decode32(ty: u32, row: u32, col: u32) -> array<f32, 32> {
@@ -294,12 +294,27 @@ fn matmul_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 }
 
 // ---- experts, from the tile list ----
+// Wide tiles (64 rows × up to 64 of the expert's pairs) whose compute adapts to the pairs: with G groups of 4
+// pairs, the 16 invocations that would have held the other token groups instead split the step's 32 columns S
+// ways (S = 16 / G rounded up to a power of two), and the S partial sums are added at the end. So a tile of 4
+// pairs keeps every invocation busy, as one of 64 does.
 
-// [0] entries in use; entry i at 4 + 4·i: (pool slot, start in the list, tokens); the list of pairs at list_at
+// [0] entries in use; entry i at 4 + 4·i: (pool slot, start in the list, pairs); the list of pairs at list_at
 @group(0) @binding(3) var<storage, read> groups: array<u32>;
 @group(0) @binding(4) var<uniform> pe: Params;
 
-@compute @workgroup_size(128)
+var<workgroup> entry_info: vec4<u32>;
+
+// Partial sum j (invocation·4 + token of its group) kept in the tiles' memory once the steps are done.
+fn set_partial(j: u32, v: vec4<f32>) {
+    if (j < 512u) { w_tile[j] = v; } else { x_tile[j - 512u] = v; }
+}
+fn partial(j: u32) -> vec4<f32> {
+    if (j < 512u) { return w_tile[j]; }
+    return x_tile[j - 512u];
+}
+
+@compute @workgroup_size(256)
 fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let prm = pe;
     // the entry, made uniform for the barriers (slot u32::MAX: no entry)
@@ -313,25 +328,69 @@ fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     let info = workgroupUniformLoad(&entry_info);
     let slot = info.x;
-    let row0 = wg.x * ROW_TILE;
-    if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows) { return; }
+    let row0 = wg.x * TILE_ROWS;
+    if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows || info.z == 0u) { return; }
     let start = info.y;
-    let count = min(info.z, ROW_TOKENS);
-    let row = row0 + lid;
-    let load_token = lid / 8u;
-    let loads = load_token < count;
+    let count = min(info.z, TILE_TOKENS);
+    let token_groups = (count + 3u) / 4u;
+    let split = 16u / (1u << (32u - countLeadingZeros(token_groups - 1u)));
+    let width = STEP / split;
+
+    let load_index = lid / 4u;
+    let part = (lid % 4u) * 8u;
+    let row = row0 + load_index;
+    let row_ok = row < prm.rows;
+    let w_base = (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset;
+    let row_at = w_base + row * prm.row_bytes;
+    let loads = load_index < count;
     var x_base = 0u;
     if (loads) {
-        x_base = prm.x_offset + (groups[prm.list_at + start + load_token] / prm.x_div) * prm.x_stride;
+        x_base = prm.x_offset + (groups[prm.list_at + start + load_index] / prm.x_div) * prm.x_stride;
     }
-    let w_base = (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset;
-    let acc = row_products(prm, w_base + row * prm.row_bytes, row < prm.rows, x_base, loads, count, lid);
-    if (row < prm.rows) {
-        for (var n = 0u; n < ROW_TOKENS; n++) {
-            if (n < count) {
-                let pair = groups[prm.list_at + start + n];
-                store(prm.y_offset + pair * prm.y_stride + row, acc[n]);
+    let row_group = lid % 16u;
+    let token_group = (lid / 16u) / split;
+    let quarter = (lid / 16u) % split;
+    let computes = token_group < token_groups;
+    var acc: array<vec4<f32>, 4>;
+    for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
+        var w: array<f32, 8>;
+        if (row_ok) { w = decode8(prm.ty, row_at, k0 + part); }
+        for (var n = 0u; n < 8u; n++) {
+            w_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = w[n];
+        }
+        for (var n = 0u; n < 8u; n++) {
+            var v = 0.0;
+            if (loads) { v = x[x_base + k0 + part + n]; }
+            x_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = v;
+        }
+        workgroupBarrier();
+        if (computes) {
+            for (var k = quarter * width; k < quarter * width + width; k++) {
+                let wv = w_tile[k * 16u + row_group];
+                let xv = x_tile[k * 16u + token_group];
+                acc[0] += wv * xv.x;
+                acc[1] += wv * xv.y;
+                acc[2] += wv * xv.z;
+                acc[3] += wv * xv.w;
             }
+        }
+        workgroupBarrier();
+    }
+    if (split > 1u) {
+        for (var n = 0u; n < 4u; n++) { set_partial(lid * 4u + n, acc[n]); }
+        workgroupBarrier();
+        if (quarter == 0u) {
+            for (var q = 1u; q < split; q++) {
+                for (var n = 0u; n < 4u; n++) { acc[n] += partial((lid + 16u * q) * 4u + n); }
+            }
+        }
+    }
+    if (!computes || quarter != 0u) { return; }
+    for (var n = 0u; n < 4u; n++) {
+        let token = token_group * 4u + n;
+        if (token < count) {
+            let pair = groups[prm.list_at + start + token];
+            store_rows(prm, prm.y_offset + pair * prm.y_stride, row0, lid, acc[n]);
         }
     }
 }

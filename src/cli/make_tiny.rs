@@ -40,6 +40,9 @@ pub struct MakeTinyArgs {
     /// Routing skew (0: uniform); 1.6 makes a few experts hot, near the published Ling-3.0-Flash cache hit rates (see `lingtab bench-stream`)
     #[arg(long)]
     pub expert_skew: Option<f32>,
+    /// Big Q4_K/Q6_K tensors as random blocks (same spread, minutes faster at flash widths; for benchmarks)
+    #[arg(long)]
+    pub fast_weights: bool,
     /// File name prefix (`NAME-00001-of-00002.gguf`)
     #[arg(long)]
     pub name: Option<String>,
@@ -71,6 +74,7 @@ impl MakeTinyArgs {
         if let Some(s) = self.expert_skew {
             o.expert_skew = s;
         }
+        o.fast_weights = self.fast_weights;
         if let Some(name) = &self.name {
             o.name = name.clone();
         }

@@ -382,7 +382,7 @@ fn shared_expert(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefi
 }
 
 /// The routed experts of the chunk's pairs (token t's j-th expert: pair t·k + j) whose experts `slots` maps
-/// (at `slot_base + expert`): grouped by expert, each expert's rows read once per 16 of its pairs, outputs in
+/// (at `slot_base + expert`): grouped by expert, each expert's rows read once per 64 of its pairs, outputs in
 /// `experts_out` row by pair.
 #[allow(clippy::too_many_arguments)]
 fn experts_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, p: &Prefill, pool: &ExpertPool, slots: &wgpu::Buffer, slot_base: u32, c0: usize, m: usize, l: usize) -> Result<(), String> {
@@ -390,7 +390,7 @@ fn experts_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, p: &Prefill, pool: &Exp
     let layout = pool.layouts[l].ok_or_else(|| format!("layer {l} has no expert record layout"))?;
     let max_tiles = chunk_tiles(c, m);
     let list_at = moe::group_list_at(max_tiles);
-    moe::group(gpu, pass, &p.sel, sel_offset(c, c0), m as u32, k, c.n_expert as u32, slots, slot_base, matmul::ROW_TOKENS, max_tiles, &p.groups);
+    moe::group(gpu, pass, &p.sel, sel_offset(c, c0), m as u32, k, c.n_expert as u32, slots, slot_base, matmul::EXPERT_TILE_TOKENS, max_tiles, &p.groups);
     let x_at = Rows::new((c0 * c.hidden) as u32, hidden);
     for chunk in 0..pool.chunks.len() {
         let ch = pool.chunk(chunk);

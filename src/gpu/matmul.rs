@@ -1,6 +1,6 @@
 //! Matrix-matrix products over ggml rows for a chunk of tokens (`shaders/matmul.wgsl` over `quant.wgsl`):
 //! dense, batched per head, and over the experts a chunk's tokens selected (each expert's rows decoded once
-//! per tile of up to 16 of its tokens, read from its pool slot). The prefill's counterpart of [`super::matvec`].
+//! per tile of up to 64 of its tokens, read from its pool slot). The prefill's counterpart of [`super::matvec`].
 
 use super::matvec::{Matrix, PoolChunk};
 use super::{Gpu, Pass, P};
@@ -18,6 +18,8 @@ pub const ROW_TILE: u32 = 128;
 pub const ROW_TOKENS: u32 = 16;
 /// Token counts up to this use row tiles.
 pub const FEW_TOKENS: u32 = 16;
+/// Pairs per entry of the expert tile list (a wide tile's tokens).
+pub const EXPERT_TILE_TOKENS: u32 = TILE_TOKENS;
 
 fn source() -> &'static str {
     static S: OnceLock<String> = OnceLock::new();
@@ -62,9 +64,9 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
 }
 
 /// Entries the expert tile list may need for `pairs` (token, expert) pairs over `n_expert` experts: every
-/// expert used gets ⌈its pairs / [`ROW_TOKENS`]⌉ tiles.
+/// expert used gets ⌈its pairs / [`EXPERT_TILE_TOKENS`]⌉ tiles.
 pub fn max_tiles(pairs: u32, n_expert: u32) -> u32 {
-    pairs.div_ceil(ROW_TOKENS) + pairs.min(n_expert)
+    pairs.div_ceil(EXPERT_TILE_TOKENS) + pairs.min(n_expert)
 }
 
 /// For every entry of the tile list in `groups` (written by [`super::moe::group`], `list_at` its list's word
@@ -81,7 +83,7 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, groups: 
     let kernel = gpu.kernel(LABEL, source(), "matmul_experts");
     let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
     let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts);
-    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(ROW_TILE), max_tiles, 1));
+    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(TILE_ROWS), max_tiles, 1));
 }
 
 #[allow(clippy::too_many_arguments)]

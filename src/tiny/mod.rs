@@ -44,6 +44,9 @@ pub struct TinyOptions {
     /// Routing skew: 0 leaves `exp_probs_b` small and uniform; s > 0 adds s·ln(E/(1+rank))/ln(E) to each
     /// expert's bias (rank: a seeded shuffle per layer), so a few experts are hot, as real MoE routing is.
     pub expert_skew: f32,
+    /// Big Q4_K/Q6_K tensors as random blocks of the same spread instead of quantised normal values: minutes
+    /// faster at flash widths, for benchmarks (speed does not depend on the values).
+    pub fast_weights: bool,
 }
 
 impl TinyOptions {
@@ -73,6 +76,7 @@ impl TinyOptions {
             context_length: 8192,
             parts: 2,
             expert_skew: 0.0,
+            fast_weights: false,
         }
     }
     /// Ling 3.0 Flash widths: H 2560, 32×128 KDA heads, MLA 512+64, 512 experts of 768, top-8, vocab 157184.
@@ -356,6 +360,12 @@ impl TinyModel {
                             let c = (first + j) as u64;
                             let count = rows_per_chunk.min(rows - c * rows_per_chunk) * row as u64;
                             let mut rng = Rng::new(self.options.seed ^ hash_name(&spec.name) ^ (c + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                            if self.options.fast_weights {
+                                if let Some(blocks) = random_blocks(planned.ty, count as usize, std, &mut rng) {
+                                    *slot = blocks;
+                                    continue;
+                                }
+                            }
                             let values: Vec<f32> = (0..count).map(|_| (rng.normal() * std) as f32).collect();
                             *slot = quant::quantize(planned.ty, &values).expect("generated values are finite and moderate");
                         }
@@ -433,6 +443,45 @@ impl TinyModel {
     }
 }
 
+/// `count` values of type `ty` as random blocks whose values spread evenly over the n levels of a block's range,
+/// with standard deviation `std`: every quant drawn, every scale the largest. Only Q4_K and Q6_K (None for others).
+fn random_blocks(ty: GgmlType, count: usize, std: f64, rng: &mut Rng) -> Option<Vec<u8>> {
+    // n equally spaced levels over ±a have variance a²·(n+1)/(3(n−1))
+    let levels: f64 = if ty == GgmlType::Q4_K { 16.0 } else { 64.0 };
+    let half_range = std * (3.0 * (levels - 1.0) / (levels + 1.0)).sqrt();
+    let f16 = |v: f64| half::f16::from_f64(v).to_le_bytes();
+    let (header, at): (Vec<(usize, u8)>, usize) = match ty {
+        // d·63·q − dmin·63 with q in 0..=15: all 12 scale bytes 0xff make every sub-block's scale and min 63
+        GgmlType::Q4_K => {
+            let (d, dmin) = (f16(2.0 * half_range / (63.0 * 15.0)), f16(half_range / 63.0));
+            let mut h: Vec<(usize, u8)> = vec![(0, d[0]), (1, d[1]), (2, dmin[0]), (3, dmin[1])];
+            h.extend((4..16).map(|i| (i, 0xff)));
+            (h, 16)
+        }
+        // d·64·(q − 32) with q in 0..=63: the 16 int8 scales 64, the 192 quant bytes drawn
+        GgmlType::Q6_K => {
+            let d = f16(half_range / (64.0 * 32.0));
+            let mut h: Vec<(usize, u8)> = (192..208).map(|i| (i, 64u8)).collect();
+            h.extend([(208, d[0]), (209, d[1])]);
+            (h, 0)
+        }
+        _ => return None,
+    };
+    let (elems, bytes) = (ty.block_elems(), ty.block_bytes());
+    let quant_bytes = bytes - header.len();
+    let mut out = vec![0u8; count / elems * bytes];
+    for block in out.chunks_mut(bytes) {
+        for (i, v) in &header {
+            block[*i] = *v;
+        }
+        for word in block[at..at + quant_bytes].chunks_mut(8) {
+            let r = rng.next_u64().to_le_bytes();
+            word.copy_from_slice(&r[..word.len()]);
+        }
+    }
+    Some(out)
+}
+
 /// The vocabulary of a tiny model.
 pub struct Vocab {
     pub tokens: Vec<String>,
@@ -478,4 +527,26 @@ pub fn bpe_vocab(vocab_size: usize) -> Result<Vocab, String> {
     let (tokens, types, merges) = bpe_train::build_vocab(&merges, &specials);
     assert_eq!(tokens.len(), vocab_size);
     Ok(Vocab { tokens, types, merges })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast blocks decode (by the ggml-exact reference) to values within ±1.75·std with the asked spread.
+    #[test]
+    fn random_blocks_spread_like_the_normal_init() {
+        let std = 0.02;
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            let bytes = random_blocks(ty, 256 * 512, std, &mut Rng::new(3)).unwrap();
+            let values = quant::dequantize_to_vec(ty, &bytes).unwrap();
+            assert_eq!(values.len(), 256 * 512);
+            let bound = 1.75 * std;
+            assert!(values.iter().all(|&v| (v as f64).abs() <= bound), "{ty}: a value past ±{bound}");
+            let mean = values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64;
+            let sd = (values.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / values.len() as f64).sqrt();
+            assert!((sd / std - 1.0).abs() < 0.05 && mean.abs() < 0.05 * std, "{ty}: mean {mean}, sd {sd} for std {std}");
+        }
+        assert!(random_blocks(GgmlType::Q8_0, 32, std, &mut Rng::new(3)).is_none());
+    }
 }

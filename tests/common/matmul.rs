@@ -94,41 +94,54 @@ pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
 }
 
 /// The experts of a chunk grouped on the GPU (`moe_group`) and applied from pool slots spread over two pool
-/// buffers: every pair whose expert the table maps gets its expert's product (one expert with more pairs than a
-/// tile), pairs of unmapped experts are left alone.
+/// buffers: every pair whose expert the table maps gets its expert's product, pairs of unmapped experts are left
+/// alone. The experts' pair counts (70: more than a tile, 1, 6, 12, 30, 18) give every column split of a tile.
 pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
-    let (ty, rows, cols) = (GgmlType::Q6_K, 200, 256);
+    for (ty, rows, cols) in [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512)] {
+        grouped_case(gpu, &mut rng, seed, ty, rows, cols).await;
+    }
+}
+
+async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: usize, cols: usize) {
     let (slots_per_chunk, n_chunks, n_expert, k) = (3u32, 2u32, 8u32, 2usize);
     let part_offset = 210u64 * 4; // the matrix starts inside the record, after other rows
-    let matrix_bytes = (rows * cols / 256 * 210) as u64;
+    let matrix_bytes = (rows * cols / 256 * ty.block_bytes()) as u64;
     let slot_bytes = (part_offset + matrix_bytes).next_multiple_of(256);
     let mut chunks = Vec::new();
     let mut slot_values = Vec::new();
     for _ in 0..n_chunks {
         let mut bytes = vec![0u8; (slot_bytes * slots_per_chunk as u64) as usize];
         for s in 0..slots_per_chunk as usize {
-            let (b, v) = random_matrix(ty, rows, cols, &mut rng);
+            let (b, v) = random_matrix(ty, rows, cols, rng);
             bytes[s * slot_bytes as usize + part_offset as usize..][..b.len()].copy_from_slice(&b);
             slot_values.push(v);
         }
         chunks.push(gpu.upload("pool", &bytes));
     }
-    // layer 1 of a 2-layer table: experts 5, 2, 7, 1 in slots 4, 0, 2, 5; expert 3 selected but not in the pool
+    // layer 1 of a 2-layer table: experts 5, 2, 7, 1, 4, 6 in slots 4, 0, 2, 5, 1, 3; expert 3 selected but not
+    // in the pool
     let mut table = vec![u32::MAX; 2 * n_expert as usize];
-    for (e, s) in [(5usize, 4u32), (2, 0), (7, 2), (1, 5)] {
+    for (e, s) in [(5usize, 4u32), (2, 0), (7, 2), (1, 5), (4, 1), (6, 3)] {
         table[n_expert as usize + e] = s;
     }
     let table_buf = gpu.upload("slots", bytemuck::cast_slice(&table));
-    // 23 tokens: expert 5 in every token (more pairs than one tile), the second pick varies
-    let tokens = 23usize;
+    // 70 tokens: expert 5 in every token, the second pick by runs of tokens
+    let tokens = 70usize;
     let words = moe::selection_words(k as u32);
-    let second = [2u32, 7, 1, 3];
+    let second = |t: usize| match t {
+        0 => 2u32,
+        1..=6 => 7,
+        7..=9 => 3,
+        10..=21 => 4,
+        22..=51 => 6,
+        _ => 1,
+    };
     let mut sel = vec![0u32; 1 + tokens * words]; // one word before the first selection
     for t in 0..tokens {
         sel[1 + t * words] = 5;
-        sel[1 + t * words + 1] = second[t % second.len()];
+        sel[1 + t * words + 1] = second(t);
     }
     let sel_buf = gpu.upload("selections", bytemuck::cast_slice(&sel));
     let max_tiles = matmul::max_tiles((tokens * k) as u32, n_expert);
@@ -140,7 +153,7 @@ pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu) {
     let y_buf = poisoned(gpu, "y", tokens * k * y_stride);
     let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: part_offset };
     let mut pass = Pass::new();
-    moe::group(gpu, &mut pass, &sel_buf, 1, tokens as u32, k as u32, n_expert, &table_buf, n_expert, matmul::ROW_TOKENS, max_tiles, &groups);
+    moe::group(gpu, &mut pass, &sel_buf, 1, tokens as u32, k as u32, n_expert, &table_buf, n_expert, matmul::EXPERT_TILE_TOKENS, max_tiles, &groups);
     for (index, buffer) in chunks.iter().enumerate() {
         let chunk = PoolChunk { buffer, index: index as u32, slots_per_chunk, slot_bytes };
         matmul::experts(gpu, &mut pass, chunk, m, &groups, list_at, max_tiles, &x_buf, Rows::new(3, cols as u32), k as u32, &y_buf, Rows::new(0, y_stride as u32));
@@ -151,7 +164,7 @@ pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu) {
         for j in 0..k {
             let e = sel[1 + t * words + j] as usize;
             let row = &y[(t * k + j) * y_stride..][..y_stride];
-            let what = format!("token {t} pick {j}: expert {e} (seed {seed})");
+            let what = format!("{ty}: token {t} pick {j}: expert {e} (seed {seed})");
             match table[n_expert as usize + e] {
                 u32::MAX => assert!(row.iter().all(|v| v.is_nan()), "{what}: not in the pool, yet written"),
                 slot => {
