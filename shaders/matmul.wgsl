@@ -41,6 +41,8 @@ struct Params {
     chunk: u32,
     x_div: u32,
     list_at: u32,
+    // f32 weights stored by columns (0: by rows): W[r, i] at byte w_offset + 4·(i·col_stride + r), row_bytes 4
+    col_stride: u32,
 }
 
 @group(0) @binding(0) var<storage, read> weights: array<u32>;
@@ -99,11 +101,27 @@ fn decode8(ty: u32, row: u32, col: u32) -> array<f32, 8> {
                 out[n + 4u] = ds * f32(b);
             }
         }
+        case 0u: { // F32
+            let at = (row >> 2u) + col;
+            for (var n = 0u; n < 8u; n++) {
+                out[n] = bitcast<f32>(weights[at + n]);
+            }
+        }
         default: {
             for (var n = 0u; n < 8u; n++) {
                 out[n] = row_value(ty, row, col + n);
             }
         }
+    }
+    return out;
+}
+
+// Values col .. col+7 of row r of an f32 matrix stored by columns (`row` = the byte of W[r, 0]).
+fn column8(row: u32, col: u32, col_stride: u32) -> array<f32, 8> {
+    var out: array<f32, 8>;
+    let at = (row >> 2u) + col * col_stride;
+    for (var n = 0u; n < 8u; n++) {
+        out[n] = bitcast<f32>(weights[at + n * col_stride]);
     }
     return out;
 }
@@ -123,7 +141,13 @@ fn tile_products(prm: Params, w_base: u32, row0: u32, x_base: u32, loads: bool, 
     var acc: array<vec4<f32>, 4>;
     for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
         var w: array<f32, 8>;
-        if (row_ok) { w = decode8(prm.ty, row_at, k0 + part); }
+        if (row_ok) {
+            if (prm.col_stride != 0u) {
+                w = column8(row_at, k0 + part, prm.col_stride);
+            } else {
+                w = decode8(prm.ty, row_at, k0 + part);
+            }
+        }
         for (var n = 0u; n < 8u; n++) {
             w_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = w[n];
         }

@@ -324,6 +324,50 @@ fn mla_attention_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     }
 }
 
+// ── mla_softmax_rows: the prefill's scores, in place: row q (query q = t·n_head + h of token t at position
+// first_pos + t) becomes softmax(scale·s) over its rows 0..=first_pos + t, and 0 after them up to `cols` ──
+// (The chunked prefill computes all scores of a block of tokens as a matrix product with the cache rows,
+// this, and the values as a second product: many tokens share every cache row, unlike a decode step.)
+
+struct SoftmaxParams {
+    first_pos: u32,
+    n_head: u32,
+    scale: f32,
+    cols: u32,
+    queries: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> sm_scores: array<f32>;
+@group(0) @binding(1) var<uniform> sm_params: SoftmaxParams;
+
+@compute @workgroup_size(256)
+fn mla_softmax_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let p = sm_params;
+    let q = wg.x + wg.y * n_wg.x;
+    if (q >= p.queries) { return; } // uniform
+    let n = min(p.first_pos + q / p.n_head + 1u, p.cols);
+    let start = q * p.cols;
+    var m = ATTN_LOWEST;
+    for (var j = lid; j < n; j += ATTN_WG) {
+        m = max(m, sm_scores[start + j] * p.scale);
+    }
+    let row_max = attn_reduce_all(m, lid, true);
+    var sum = 0.0;
+    for (var j = lid; j < n; j += ATTN_WG) {
+        sum += exp(sm_scores[start + j] * p.scale - row_max);
+    }
+    let total = attn_reduce_all(sum, lid, false);
+    for (var j = lid; j < p.cols; j += ATTN_WG) {
+        let at = start + j;
+        if (at < arrayLength(&sm_scores)) {
+            var v = 0.0;
+            if (j < n) { v = exp(sm_scores[at] * p.scale - row_max) / total; }
+            sm_scores[at] = v;
+        }
+    }
+}
+
 // ── mla_head_gate: o[h·d_v + a] *= σ(gate_logits[h]) ──
 
 struct HeadGateParams {

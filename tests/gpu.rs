@@ -88,6 +88,11 @@ fn mla_attention_matches_reference() {
 }
 
 #[test]
+fn mla_attention_by_products_matches_reference() {
+    pollster::block_on(common::mla_moe::mla_attention_by_products_matches_reference(&gpu()));
+}
+
+#[test]
 fn mla_head_gate_matches_reference() {
     pollster::block_on(common::mla_moe::mla_head_gate_matches_reference(&gpu()));
 }

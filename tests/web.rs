@@ -67,6 +67,11 @@ async fn mla_attention_matches_reference() {
 }
 
 #[wasm_bindgen_test]
+async fn mla_attention_by_products_matches_reference() {
+    common::mla_moe::mla_attention_by_products_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn mla_head_gate_matches_reference() {
     common::mla_moe::mla_head_gate_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

@@ -86,7 +86,7 @@ impl State {
                     total += float_bytes(3 * d_kda * (c.conv_kernel - 1)) + float_bytes(nh * c.kda_head_dim * c.kda_head_dim) + float_bytes(3 * d_kda * c.conv_kernel);
                 }
                 Attention::Mla => {
-                    let cache = float_bytes(n_ctx * latent);
+                    let cache = float_bytes(mla::cache_rows(n_ctx) * latent);
                     largest_cache = largest_cache.max(cache);
                     total += cache;
                 }
@@ -135,14 +135,15 @@ impl State {
                     }
                 }
                 Attention::Mla => {
-                    let bytes = (n_ctx * (c.kv_lora_rank + c.rope_dim) * 4) as u64;
+                    let rows = mla::cache_rows(n_ctx);
+                    let bytes = (rows * (c.kv_lora_rank + c.rope_dim) * 4) as u64;
                     let limit = gpu.device.limits().max_storage_buffer_binding_size as u64;
                     if bytes > limit {
                         return Err(format!(
                             "an MLA cache of {n_ctx} tokens needs {bytes} bytes, above the adapter's maxStorageBufferBindingSize {limit}: use a shorter context"
                         ));
                     }
-                    LayerState::Mla { cache: floats(gpu, "MLA cache", n_ctx * (c.kv_lora_rank + c.rope_dim)) }
+                    LayerState::Mla { cache: floats(gpu, "MLA cache", rows * (c.kv_lora_rank + c.rope_dim)) }
                 }
             });
         }

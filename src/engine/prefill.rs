@@ -61,8 +61,8 @@ pub struct Prefill {
     kv: wgpu::Buffer,
     q_abs: wgpu::Buffer,
     latent_mix: wgpu::Buffer,
-    /// too small to split: a chunk already has n_head·tokens attention workgroups
-    attn_partials: wgpu::Buffer,
+    /// a block of the chunk's attention scores (see [`mla::attention_by_products`])
+    scores: wgpu::Buffer,
     heads_out: wgpu::Buffer,
     gate_logits: wgpu::Buffer,
     // FFN (the dense and shared FFNs and the experts' pairs share gu and act)
@@ -109,7 +109,7 @@ impl Prefill {
             return None;
         }
         let span = span.unwrap_or(DEFAULT_SPAN).clamp(chunk, n_ctx.max(chunk));
-        Prefill::new(gpu, c, chunk, span, max_binding).ok()
+        Prefill::new(gpu, c, chunk, span, n_ctx, max_binding).ok()
     }
 
     /// GPU bytes of the scratch `for_options` would allocate (0 for token by token), for planning the load.
@@ -120,6 +120,7 @@ impl Prefill {
         }
         let span = span.unwrap_or(DEFAULT_SPAN).clamp(chunk, n_ctx.max(chunk));
         let Ok((chunk, span)) = Self::sizes(c, chunk, span, max_binding) else { return 0 };
+        let Some(scores) = mla::score_floats(c.n_head, n_ctx, chunk, max_binding) else { return 0 };
         let w = widths(c);
         let bytes = |n: usize| (n.max(1) * 4) as u64;
         bytes(span)
@@ -127,7 +128,7 @@ impl Prefill {
             + w.per_chunk_token.iter().map(|&n| bytes(chunk * n)).sum::<u64>()
             + bytes(group_words(c, chunk) as usize)
             + bytes(c.n_expert)
-            + bytes(1)
+            + bytes(scores)
     }
 
     /// Chunk and span lowered until every buffer fits `max_binding` bytes.
@@ -149,8 +150,10 @@ impl Prefill {
 
     /// Scratch for chunks of up to `chunk` tokens and spans of up to `span`, both lowered until every buffer
     /// fits `max_binding` bytes.
-    pub fn new(gpu: &Gpu, c: &Config, chunk: usize, span: usize, max_binding: u64) -> Result<Prefill, String> {
+    pub fn new(gpu: &Gpu, c: &Config, chunk: usize, span: usize, n_ctx: usize, max_binding: u64) -> Result<Prefill, String> {
         let (chunk, span) = Self::sizes(c, chunk, span, max_binding)?;
+        let scores = mla::score_floats(c.n_head, n_ctx, chunk, max_binding)
+            .ok_or_else(|| format!("one token's attention scores over {n_ctx} tokens do not fit a {max_binding}-byte binding"))?;
         let k = c.n_expert_used;
         let (h, d, nh) = (c.hidden, c.kda_dim(), c.n_head);
         let latent = c.kv_lora_rank + c.rope_dim;
@@ -177,7 +180,7 @@ impl Prefill {
             kv: floats(gpu, "prefill kv", t * latent),
             q_abs: floats(gpu, "prefill q absorbed", t * nh * latent),
             latent_mix: floats(gpu, "prefill latent mix", t * nh * c.kv_lora_rank),
-            attn_partials: floats(gpu, "prefill attention partials (unsplit)", 1),
+            scores: floats(gpu, "prefill attention scores", scores),
             heads_out: floats(gpu, "prefill heads out", t * nh * c.value_length_mla),
             gate_logits: floats(gpu, "prefill head gate", t * nh),
             gu: floats(gpu, "prefill gate|up", t * 2 * ff),
@@ -189,14 +192,14 @@ impl Prefill {
             bytes: 0,
         };
         p.bytes = p.buffers().map(|b| b.size()).sum();
-        debug_assert_eq!(p.bytes, Self::bytes_needed(c, Some(chunk), Some(span), span, max_binding), "Prefill::bytes_needed disagrees with Prefill::new");
+        debug_assert_eq!(p.bytes, Self::bytes_needed(c, Some(chunk), Some(span), n_ctx, max_binding), "Prefill::bytes_needed disagrees with Prefill::new");
         Ok(p)
     }
 
     fn buffers(&self) -> impl Iterator<Item = &wgpu::Buffer> {
         [
             &self.ids, &self.x, &self.h, &self.sel, &self.attn_out, &self.ffn_out, &self.qkv_pre, &self.qkv, &self.fa, &self.beta_logits, &self.gb,
-            &self.z, &self.o, &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.attn_partials, &self.heads_out, &self.gate_logits, &self.gu,
+            &self.z, &self.o, &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.scores, &self.heads_out, &self.gate_logits, &self.gu,
             &self.act, &self.router_logits, &self.groups, &self.experts_out, &self.wave_slots,
         ]
         .into_iter()
@@ -348,7 +351,7 @@ fn mla_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     let kb_stride = rank as u64 * kb_m.row_bytes() as u64;
     matmul::batched(gpu, pass, kb.whole(), kb_m, kb_stride, nh, m32, &p.q, Rows::new(0, nh * d_qk), d_qk, &p.q_abs, Rows::new(0, nh * latent), latent);
     mla::rope_q_tokens(gpu, pass, &p.q, &p.q_abs, pos, m32, nh, d_nope, rope, rank, c.rope_freq_base);
-    mla::attention_tokens(gpu, pass, &p.q_abs, cache, &p.attn_partials, &p.latent_mix, pos, m32, nh, rank, rope, d_qk);
+    mla::attention_by_products(gpu, pass, &p.q_abs, cache, &p.scores, &p.latent_mix, pos, m32, nh, rank, rope, d_qk);
     let vb = t("attn_v_b.weight")?;
     let vb_m = Matrix { ty: vb.ty, rows: d_v, cols: rank, byte_offset: 0 };
     let vb_stride = d_v as u64 * vb_m.row_bytes() as u64;

@@ -53,7 +53,7 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
     if tokens == 0 || batch == 0 || m.rows == 0 {
         return;
     }
-    let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5]);
+    let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5], 0);
     let grid = if tokens <= FEW_TOKENS {
         ("matmul_rows", (m.rows.div_ceil(ROW_TILE), tokens.div_ceil(ROW_TOKENS), batch))
     } else {
@@ -82,17 +82,17 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, groups: 
     }
     let kernel = gpu.kernel(LABEL, source(), "matmul_experts");
     let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
-    let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts);
+    let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts, 0);
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(TILE_ROWS), max_tiles, 1));
 }
 
 #[allow(clippy::too_many_arguments)]
-fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Rows, x_batch: u32, y_at: Rows, y_batch: u32, tokens: u32, experts: [u32; 5]) -> Vec<P> {
+fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Rows, x_batch: u32, y_at: Rows, y_batch: u32, tokens: u32, experts: [u32; 5], col_stride: u32) -> Vec<P> {
     assert!(w_offset < u32::MAX as u64 && w_stride < u32::MAX as u64, "one binding is at most 4 GiB");
     let mut p = vec![
         P::U(m.rows),
         P::U(m.cols),
-        P::U(m.row_bytes()),
+        P::U(if col_stride == 0 { m.row_bytes() } else { 4 }),
         P::U(m.ty.id()),
         P::U(w_offset as u32),
         P::U(w_stride as u32),
@@ -105,5 +105,21 @@ fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Rows, x_batch: u32, y_a
         P::U(tokens),
     ];
     p.extend(experts.iter().map(|&v| P::U(v)));
+    p.push(P::U(col_stride));
     p
+}
+
+/// [`matmul`] for an f32 matrix of `rows` × `cols` stored by columns: `W[r, i] = w[w_offset + i·col_stride + r]`
+/// (the transpose of rows `col_stride` floats apart, as attention's values are read from its cache rows).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_by_columns(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, w_offset: u32, rows: u32, cols: u32, col_stride: u32, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows) {
+    assert!(cols % 32 == 0, "matmul columns come 32 at a time");
+    assert!(col_stride >= rows, "columns of {rows} rows cannot be {col_stride} floats apart");
+    if tokens == 0 || rows == 0 {
+        return;
+    }
+    let m = Matrix { ty: crate::quant::GgmlType::F32, rows, cols, byte_offset: 4 * w_offset as u64 };
+    let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, tokens, [0; 5], col_stride);
+    let kernel = gpu.kernel(LABEL, source(), "matmul");
+    pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), 1));
 }

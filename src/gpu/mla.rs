@@ -11,6 +11,12 @@ const LABEL: &str = "mla.wgsl";
 /// `mla_attention` keeps up to this many output dims per workgroup in registers (4 per invocation).
 pub const MAX_RANK: u32 = 1024;
 
+/// Rows a cache for `n_ctx` tokens holds: whole 32-row steps, so the prefill's value product
+/// ([`attention_by_products`]) reads only cache rows, zero-weighted past the context.
+pub fn cache_rows(n_ctx: usize) -> usize {
+    n_ctx.next_multiple_of(32)
+}
+
 fn assert_cache_holds(cache: &wgpu::Buffer, pos: u32, rank: u32, rope_dim: u32) {
     let needed = (pos as u64 + 1) * (rank + rope_dim) as u64 * 4;
     assert!(cache.size() >= needed, "a {}-byte cache cannot hold row {pos} ({needed} bytes needed)", cache.size());
@@ -174,6 +180,50 @@ pub fn attention_split(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: 
     if splits > 1 {
         let combine = gpu.kernel(LABEL, SHADER, "mla_attention_combine");
         pass.dispatch_3d(gpu, &combine, &[partials, out], &params, (x, y, tokens));
+    }
+}
+
+/// Floats of the score scratch [`attention_by_products`] takes for a prefill of `chunk`-token chunks in an
+/// `n_ctx` context: room for a whole chunk's scores up to 64 MiB (or `max_binding`), and never less than one
+/// token's (None when even that does not fit the binding limit).
+pub fn score_floats(n_head: usize, n_ctx: usize, chunk: usize, max_binding: u64) -> Option<usize> {
+    let per_token = n_head * cache_rows(n_ctx);
+    let cap = ((64usize << 20) / 4).min((max_binding / 4) as usize);
+    (per_token <= (max_binding / 4) as usize).then(|| (per_token * chunk).min(cap.max(per_token)))
+}
+
+/// [`attention_tokens`] as matrix products, for a prefill chunk: many tokens share every cache row, so for a block
+/// of tokens (as many as `scores` holds rows for) the scores of all their heads against the cache rows are one
+/// product (`S = Q̃·Cᵀ`, the query rows `t·n_head + h`), a softmax per row applies the scale and the causal mask
+/// (`mla_softmax_rows`), and the outputs are a second product with the cache rows' values (`P·C[.., ..rank]`).
+/// Same inputs and outputs as [`attention_tokens`]; the cache must hold [`cache_rows`] rows past `pos + tokens`.
+/// Widths the products cannot step through 32 at a time go to [`attention_tokens`] (`scores` as its scratch).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, scores: &wgpu::Buffer, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32) {
+    use super::matmul::{self, Rows};
+    use super::matvec::Matrix;
+    assert!(tokens >= 1);
+    let width = rank + rope_dim;
+    if width % 32 != 0 || rank % 32 != 0 {
+        return attention_tokens(gpu, pass, q_abs, cache, scores, out, pos, tokens, n_head, rank, rope_dim, d_qk);
+    }
+    let last_cols = (pos + tokens).next_multiple_of(32);
+    assert_cache_holds(cache, last_cols - 1, rank, rope_dim);
+    let capacity = (scores.size() / 4) as u32;
+    let block = (capacity / (n_head * last_cols)).min(tokens);
+    assert!(block >= 1, "a {}-byte score scratch cannot hold one token's scores ({} rows of {n_head} heads)", scores.size(), last_cols);
+    let scale = 1.0 / (d_qk as f32).sqrt(); // llama.cpp: kq_scale = 1.0f/sqrtf(float(n_embd_head_k_mla))
+    let softmax = gpu.kernel(LABEL, SHADER, "mla_softmax_rows");
+    for t0 in (0..tokens).step_by(block as usize) {
+        let b = block.min(tokens - t0);
+        let n_rows = pos + t0 + b;
+        let cols = n_rows.next_multiple_of(32);
+        let queries = b * n_head;
+        let rows_of_cache = Matrix { ty: crate::quant::GgmlType::F32, rows: n_rows, cols: width, byte_offset: 0 };
+        matmul::matmul(gpu, pass, cache, rows_of_cache, queries, q_abs, Rows::new(t0 * n_head * width, width), scores, Rows::new(0, cols));
+        let params = [P::U(pos + t0), P::U(n_head), P::F(scale), P::U(cols), P::U(queries)];
+        pass.dispatch(gpu, &softmax, &[scores], &params, queries);
+        matmul::matmul_by_columns(gpu, pass, cache, 0, rank, cols, width, queries, scores, Rows::new(0, cols), out, Rows::new(t0 * n_head * rank, rank));
     }
 }
 

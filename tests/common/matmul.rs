@@ -33,7 +33,7 @@ fn check_row(what: &str, got: &[f32], w: &[f64], x: &[f32], rows: usize, cols: u
 pub async fn matmul_every_type_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
-    let cases = [(GgmlType::Q4_K, 512, 70), (GgmlType::Q6_K, 256, 17), (GgmlType::Q4_K, 256, 3), (GgmlType::Q6_K, 768, 66), (GgmlType::Q5_0, 128, 5), (GgmlType::Q8_0, 96, 20), (GgmlType::F32, 64, 9), (GgmlType::F16, 160, 1)];
+    let cases = [(GgmlType::Q4_K, 512, 70), (GgmlType::Q6_K, 256, 17), (GgmlType::Q4_K, 256, 3), (GgmlType::Q6_K, 768, 66), (GgmlType::Q5_0, 128, 5), (GgmlType::Q8_0, 96, 20), (GgmlType::F32, 64, 9), (GgmlType::F32, 96, 33), (GgmlType::F16, 160, 1)];
     for (ty, cols, tokens) in cases {
         let rows = 150; // two row tiles and a partial one of either kind
         let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);

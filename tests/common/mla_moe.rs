@@ -159,6 +159,58 @@ pub async fn mla_attention_matches_reference(gpu: &Gpu) {
     }
 }
 
+/// The prefill's attention as products (scores, softmax rows, values) for a chunk of tokens, causally, against
+/// the f64 reference: score scratch for the whole chunk, for a few tokens per block (several blocks), and for one;
+/// the scratch poisoned so a stale score shows; rows past the chunk loud. The second shape's width is not whole
+/// 32-dim steps: it takes the online-softmax kernel.
+pub async fn mla_attention_by_products_matches_reference(gpu: &Gpu) {
+    let seed = Rand::fresh_seed();
+    let mut rng = Rand::new(seed);
+    let n_head = 3u32;
+    let n_ctx = 400usize;
+    for (rank, rope_dim, d_nope, _) in MLA_SHAPES {
+        let width = (rank + rope_dim) as usize;
+        let d_qk = d_nope + rope_dim;
+        for (pos, tokens, block) in [(0u32, 1u32, None), (0, 40, None), (5, 40, Some(7)), (300, 70, Some(1)), (300, 70, Some(64))] {
+            let std = rng.uniform(0.3, 2.0);
+            let q_abs = rng.normals((tokens * n_head) as usize * width, std);
+            let mut cache = rng.normals(mla::cache_rows(n_ctx) * width, 1.0);
+            let end = (pos + tokens) as usize;
+            cache[end * width..].iter_mut().for_each(|v| *v *= 1000.0);
+            let out = poisoned(gpu, "attention out", (tokens * n_head * rank) as usize + 5);
+            let rows_all = mla::cache_rows(end) as u32;
+            let floats = match block {
+                Some(b) => (b * n_head * rows_all) as usize,
+                None => mla::score_floats(n_head as usize, n_ctx, tokens as usize, u32::MAX as u64).unwrap(),
+            };
+            let scores = poisoned(gpu, "scores", floats);
+            let mut pass = Pass::new();
+            let (q_buf, cache_buf) = (gpu.upload("q_abs", &f32_bytes(&q_abs)), gpu.upload("cache", &f32_bytes(&cache)));
+            mla::attention_by_products(gpu, &mut pass, &q_buf, &cache_buf, &scores, &out, pos, tokens, n_head, rank, rope_dim, d_qk);
+            pass.submit(gpu);
+            let got = read_f32(gpu, &out, (tokens * n_head * rank) as usize + 5).await;
+            assert!(got[(tokens * n_head * rank) as usize..].iter().all(|v| v.is_nan()), "wrote past the outputs (seed {seed})");
+            let mut want = Vec::new();
+            for (i, q) in q_abs.chunks(width).enumerate() {
+                let t = i / n_head as usize;
+                let rows: Vec<&[f32]> = cache.chunks(width).take(pos as usize + t + 1).collect();
+                let scores: Vec<f64> = rows
+                    .iter()
+                    .map(|row| q.iter().zip(*row).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (d_qk as f64).sqrt())
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                want.extend(
+                    (0..rank as usize).map(|rho| rows.iter().zip(&weights).map(|(row, w)| w * row[rho] as f64).sum::<f64>() / total),
+                );
+            }
+            let what = format!("attention by products pos {pos}, {tokens} tokens, block {block:?} (R {rank}, r {rope_dim}, seed {seed})");
+            check(&what, &got[..want.len()], &want, 1e-5, 1e-5);
+        }
+    }
+}
+
 pub async fn mla_head_gate_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
