@@ -1,6 +1,7 @@
 // Matrix-matrix products over ggml rows read straight from their GGUF bytes, for a chunk of tokens:
-// Y[t][r] = Σ_i W[r, i]·X[t][i]. Two tilings, both stepping through the columns 32 at a time (one sub-block in
-// every block format), so a weight is decoded once per tile of tokens instead of once per token:
+// Y[t][r] = Σ_i W[r, i]·X[t][i]. Three tilings, each stepping through the columns 32 (or 16) at a time (within
+// one sub-block in every block format), so a weight is decoded once per tile of tokens instead of once per token:
+//   * big tiles (more than 64 tokens): 128 rows × 128 tokens, 8 rows × 8 tokens per invocation (matmul_big).
 //   * wide tiles (many tokens): 64 rows × 64 tokens per workgroup; per step the workgroup decodes the tile's
 //     weights once into workgroup memory (8 values per invocation) beside the tokens' inputs, and each
 //     invocation accumulates 4 rows × 4 tokens. 16 KiB of workgroup memory (WebGPU's default limit).
@@ -10,7 +11,7 @@
 //   matmul          wide; grid (row tile, token tile, batch b): the matrix at w_offset + b·w_stride bytes; token t
 //                   reads x[x_offset + b·x_batch + t·x_stride ..], writes y[y_offset + b·y_batch + t·y_stride + r]
 //                   (one matrix, or one per head for MLA's absorbed products).
-//   matmul_rows     the same with row tiles.
+//   matmul_rows     the same with row tiles; matmul_big with big tiles.
 //   matmul_experts  wide, the columns split among idle invocations for few pairs; grid (row tile, entry of the
 //                   tile list written by moe_group): the entry's expert is read from its pool slot; the entry's
 //                   tokens are pairs p = token·k + j from the list, reading x row p / x_div (at x_offset +
@@ -203,6 +204,85 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         let token = (lid / 16u) * 4u + n;
         if (token < count) {
             store_rows(prm, prm.y_offset + b * prm.y_batch + (t0 + token) * prm.y_stride, row0, lid, acc[n]);
+        }
+    }
+}
+
+// ---- big tiles (many tokens): 128 rows × 128 tokens, 16 columns per step, 8 rows × 8 tokens per invocation ----
+// Twice the products per workgroup-memory read of the wide tile's 4 × 4; the same 16 KiB (w_tile and x_tile
+// hold [column k of the step][group of 4 rows or tokens] for 32 groups).
+
+const BIG_ROWS: u32 = 128u;
+const BIG_TOKENS: u32 = 128u;
+const BIG_STEP: u32 = 16u;
+
+@compute @workgroup_size(256)
+fn matmul_big(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let prm = p;
+    let row0 = wg.x * BIG_ROWS;
+    let t0 = wg.y * BIG_TOKENS;
+    if (t0 >= prm.tokens || row0 >= prm.rows) { return; }
+    let b = wg.z;
+    let count = min(BIG_TOKENS, prm.tokens - t0);
+    // loading: invocation lid decodes 8 columns of tile row lid / 2 and loads 8 inputs of tile token lid / 2
+    let load_index = lid / 2u;
+    let part = (lid % 2u) * 8u;
+    let row = row0 + load_index;
+    let row_ok = row < prm.rows;
+    let row_at = prm.w_offset + b * prm.w_stride + row * prm.row_bytes;
+    let loads = load_index < count;
+    let x_base = prm.x_offset + b * prm.x_batch + (t0 + load_index) * prm.x_stride;
+    // computing: rows 4·rg .. +3 and 64 + 4·rg .. +3, tokens 4·tg .. +3 and 64 + 4·tg .. +3
+    let rg = lid % 16u;
+    let tg = lid / 16u;
+    let computes = tg * 4u < count;
+    var acc: array<vec4<f32>, 16>;
+    for (var k0 = 0u; k0 < prm.cols; k0 += BIG_STEP) {
+        var w: array<f32, 8>;
+        if (row_ok) {
+            if (prm.col_stride != 0u) {
+                w = column8(row_at, k0 + part, prm.col_stride);
+            } else {
+                w = decode8(prm.ty, row_at, k0 + part);
+            }
+        }
+        for (var n = 0u; n < 8u; n++) {
+            w_tile[(part + n) * 32u + load_index / 4u][load_index % 4u] = w[n];
+        }
+        for (var n = 0u; n < 8u; n++) {
+            var v = 0.0;
+            if (loads) { v = x[x_base + k0 + part + n]; }
+            x_tile[(part + n) * 32u + load_index / 4u][load_index % 4u] = v;
+        }
+        workgroupBarrier();
+        if (computes) {
+            for (var k = 0u; k < BIG_STEP; k++) {
+                let w0 = w_tile[k * 32u + rg];
+                let w1 = w_tile[k * 32u + 16u + rg];
+                let x0 = x_tile[k * 32u + tg];
+                let x1 = x_tile[k * 32u + 16u + tg];
+                for (var j = 0u; j < 4u; j++) {
+                    acc[j] += w0 * x0[j];
+                    acc[4u + j] += w0 * x1[j];
+                    acc[8u + j] += w1 * x0[j];
+                    acc[12u + j] += w1 * x1[j];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    let y_base = prm.y_offset + b * prm.y_batch;
+    for (var j = 0u; j < 8u; j++) {
+        let token = select(tg * 4u + j, 64u + tg * 4u + j - 4u, j >= 4u);
+        if (token < count) {
+            let at = y_base + (t0 + token) * prm.y_stride;
+            for (var half = 0u; half < 2u; half++) {
+                let r = row0 + half * 64u + rg * 4u;
+                let v = acc[half * 8u + j];
+                for (var c = 0u; c < 4u; c++) {
+                    if (r + c < prm.rows) { store(at + r + c, v[c]); }
+                }
+            }
         }
     }
 }

@@ -99,7 +99,7 @@ impl State {
             nh * c.key_length_mla, latent, nh * latent, nh * c.kv_lora_rank, mla::partial_floats(nh as u32, c.kv_lora_rank as u32, 1), nh * c.value_length_mla, nh,
             2 * ff_max, ff_max, c.n_expert, k * h, 2 * c.ff_shared, c.ff_shared, vocab,
         ];
-        total += scratch.iter().map(|&n| float_bytes(n)).sum::<u64>() + 8;
+        total += scratch.iter().map(|&n| float_bytes(n)).sum::<u64>() + norm::ARGMAX_BYTES;
         let selection = (moe::selection_words(k as u32) as u64 * 4).max(4).next_multiple_of(4);
         total += (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).count() as u64 * selection;
         (total, largest_cache)
@@ -181,7 +181,7 @@ impl State {
             shared_gu: floats(gpu, "shared gate|up", 2 * c.ff_shared),
             shared_act: floats(gpu, "shared act", c.ff_shared),
             logits: floats(gpu, "logits", vocab),
-            argmax: gpu.storage_buffer("argmax", 8),
+            argmax: gpu.storage_buffer("argmax", norm::ARGMAX_BYTES),
             bytes: 0,
         };
         let mut state = state;

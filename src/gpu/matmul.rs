@@ -16,6 +16,10 @@ pub const TILE_TOKENS: u32 = 64;
 /// Rows and tokens of a row tile (`ROW_TILE`, `ROW_TOKENS`), for a few tokens and for the experts.
 pub const ROW_TILE: u32 = 128;
 pub const ROW_TOKENS: u32 = 16;
+/// Rows and tokens of a big tile (`BIG_ROWS`, `BIG_TOKENS`), for more than [`MANY_TOKENS`] tokens.
+pub const BIG_ROWS: u32 = 128;
+pub const BIG_TOKENS: u32 = 128;
+pub const MANY_TOKENS: u32 = 64;
 /// Token counts up to this use row tiles.
 pub const FEW_TOKENS: u32 = 16;
 /// Pairs per entry of the expert tile list (a wide tile's tokens).
@@ -56,6 +60,8 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
     let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5], 0);
     let grid = if tokens <= FEW_TOKENS {
         ("matmul_rows", (m.rows.div_ceil(ROW_TILE), tokens.div_ceil(ROW_TOKENS), batch))
+    } else if tokens > MANY_TOKENS {
+        ("matmul_big", (m.rows.div_ceil(BIG_ROWS), tokens.div_ceil(BIG_TOKENS), batch))
     } else {
         ("matmul", (m.rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), batch))
     };
@@ -120,6 +126,10 @@ pub fn matmul_by_columns(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, w_offset:
     }
     let m = Matrix { ty: crate::quant::GgmlType::F32, rows, cols, byte_offset: 4 * w_offset as u64 };
     let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, tokens, [0; 5], col_stride);
-    let kernel = gpu.kernel(LABEL, source(), "matmul");
-    pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), 1));
+    let (entry, grid) = if tokens > MANY_TOKENS {
+        ("matmul_big", (rows.div_ceil(BIG_ROWS), tokens.div_ceil(BIG_TOKENS), 1))
+    } else {
+        ("matmul", (rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), 1))
+    };
+    pass.dispatch_3d(gpu, &gpu.kernel(LABEL, source(), entry), &[w, x, y], &params, grid);
 }

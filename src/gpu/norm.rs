@@ -19,8 +19,16 @@ pub fn rms_norm_rows(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, x_
     pass.dispatch(gpu, &kernel, &[x, w, y], &params, rows);
 }
 
-/// out[0] = argmax of x[0..n) (lowest index on ties), out[1] = the maximum's f32 bits.
+/// Workgroups of the argmax's first stage (`PARTS` in the shader).
+const ARGMAX_PARTS: u64 = 256;
+/// Bytes of the buffer [`argmax`] writes: the pick (2 words) and the first stage's partials.
+pub const ARGMAX_BYTES: u64 = 8 + 8 * ARGMAX_PARTS;
+
+/// out[0] = argmax of x[0..n) (lowest index on ties), out[1] = the maximum's f32 bits; `out` holds
+/// [`ARGMAX_BYTES`] (the first stage's partials after the pick).
 pub fn argmax(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, n: u32, out: &wgpu::Buffer) {
+    assert!(out.size() >= ARGMAX_BYTES, "the argmax needs {ARGMAX_BYTES} bytes, not {}", out.size());
     let kernel = gpu.kernel("argmax.wgsl", ARGMAX, "argmax");
-    pass.dispatch(gpu, &kernel, &[x, out], &[P::U(n)], 1);
+    pass.dispatch(gpu, &kernel, &[x, out], &[P::U(n), P::U(0)], ARGMAX_PARTS as u32);
+    pass.dispatch(gpu, &kernel, &[x, out], &[P::U(n), P::U(1)], 1);
 }

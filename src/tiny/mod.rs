@@ -167,6 +167,9 @@ pub struct TinyModel {
 /// Tensors above this many values are generated in parallel chunks of [`CHUNK_VALUES`].
 const BIG_TENSOR: u64 = 1 << 26;
 const CHUNK_VALUES: u64 = 1 << 22;
+/// With `fast_weights`, tensors from this many values on are random blocks (smaller ones, norms and routers
+/// among them, keep their quantised values).
+const FAST_MIN_VALUES: u64 = 1 << 20;
 
 fn use_more_bits(i: usize, n: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i as isize - (n / 8) as isize) % 3 == 2
@@ -375,6 +378,16 @@ impl TinyModel {
             return out.concat();
         }
         let mut rng = Rng::new(self.options.seed ^ hash_name(&spec.name));
+        let fast_std = match planned.init {
+            Init::Normal { gain } => Some(gain / (row as f64).sqrt()),
+            Init::Gaussian { std } => Some(std),
+            _ => None,
+        };
+        if let (Some(std), true) = (fast_std, self.options.fast_weights && n >= FAST_MIN_VALUES) {
+            if let Some(blocks) = random_blocks(planned.ty, n as usize, std, &mut rng) {
+                return blocks;
+            }
+        }
         let values: Vec<f32> = match planned.init {
             Init::Normal { gain } => {
                 let std = gain / (row as f64).sqrt();

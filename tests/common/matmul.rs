@@ -28,7 +28,8 @@ fn check_row(what: &str, got: &[f32], w: &[f64], x: &[f32], rows: usize, cols: u
     }
 }
 
-/// Dense products over 1 to 70 tokens (row tiles below 17 tokens, wide tiles above, partial tiles both ways),
+/// Dense products over 1 to 70 tokens (row tiles below 17 tokens, wide tiles to 64, big ones above, partial
+/// tiles every way),
 /// the matrix at a byte offset, x and y strided with offsets; nothing written outside the product's rows.
 pub async fn matmul_every_type_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
@@ -66,7 +67,7 @@ pub async fn matmul_every_type_matches_reference(gpu: &Gpu) {
 pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
-    for tokens in [4usize, 33] {
+    for tokens in [4usize, 33, 130] {
         let (ty, rows, cols, heads) = (GgmlType::Q5_0, 96, 128, 3);
         let (bytes, w) = random_matrix(ty, rows * heads, cols, &mut rng);
         let w_buf = gpu.upload("w", &bytes);

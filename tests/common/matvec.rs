@@ -162,16 +162,20 @@ pub async fn rms_norm_and_argmax_match_reference(gpu: &Gpu) {
     assert_close(&format!("rms_norm (seed {seed})"), &y[2..], &want, 1e-6, 1e-5);
     assert!(y[0].is_nan() && y[1].is_nan());
 
-    // argmax: a tie between two maxima picks the lower index
-    let mut logits = rng.normals(1001, 2.0);
-    logits[700] = 50.0;
-    logits[333] = 50.0;
-    let l_buf = gpu.upload("logits", &f32_bytes(&logits));
-    let out = gpu.upload("out", &[0xFF; 8]);
-    let mut pass = Pass::new();
-    norm::argmax(gpu, &mut pass, &l_buf, 1001, &out);
-    pass.submit(gpu);
-    let got = gpu.read_back(&out, 8).await.unwrap();
-    assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()), 333);
-    assert_eq!(f32::from_le_bytes(got[4..8].try_into().unwrap()), 50.0);
+    // argmax: a tie between two maxima picks the lower index, within one workgroup's share (1001 values) and
+    // across the first stage's workgroups (a vocabulary of Ling's size), the maximum also last or first
+    for (n, ties) in [(1001usize, [700usize, 333]), (157184, [131072 + 5, 70001]), (157184, [157183, 157183]), (157184, [0, 65536])] {
+        let mut logits = rng.normals(n, 2.0);
+        for &t in &ties {
+            logits[t] = 50.0;
+        }
+        let l_buf = gpu.upload("logits", &f32_bytes(&logits));
+        let out = gpu.upload("out", &vec![0xFF; norm::ARGMAX_BYTES as usize]);
+        let mut pass = Pass::new();
+        norm::argmax(gpu, &mut pass, &l_buf, n as u32, &out);
+        pass.submit(gpu);
+        let got = gpu.read_back(&out, 8).await.unwrap();
+        assert_eq!(u32::from_le_bytes(got[..4].try_into().unwrap()) as usize, *ties.iter().min().unwrap(), "argmax of {n} values, maxima at {ties:?}");
+        assert_eq!(f32::from_le_bytes(got[4..8].try_into().unwrap()), 50.0);
+    }
 }
