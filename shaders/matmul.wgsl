@@ -200,12 +200,13 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let load_index = lid / 4u;
     let x_base = prm.x_offset + b * prm.x_batch + (t0 + load_index) * prm.x_stride;
     let acc = tile_products(prm, prm.w_offset + b * prm.w_stride, row0, x_base, load_index < count, count, lid);
-    for (var n = 0u; n < 4u; n++) {
-        let token = (lid / 16u) * 4u + n;
-        if (token < count) {
-            store_rows(prm, prm.y_offset + b * prm.y_batch + (t0 + token) * prm.y_stride, row0, lid, acc[n]);
-        }
-    }
+    // constant indices only (a runtime index would put acc in memory instead of registers)
+    let t = (lid / 16u) * 4u;
+    let base = prm.y_offset + b * prm.y_batch + t0 * prm.y_stride;
+    if (t < count) { store_rows(prm, base + t * prm.y_stride, row0, lid, acc[0]); }
+    if (t + 1u < count) { store_rows(prm, base + (t + 1u) * prm.y_stride, row0, lid, acc[1]); }
+    if (t + 2u < count) { store_rows(prm, base + (t + 2u) * prm.y_stride, row0, lid, acc[2]); }
+    if (t + 3u < count) { store_rows(prm, base + (t + 3u) * prm.y_stride, row0, lid, acc[3]); }
 }
 
 // ---- big tiles (many tokens): 128 rows × 128 tokens, 16 columns per step, 8 rows × 8 tokens per invocation ----
@@ -261,29 +262,47 @@ fn matmul_big(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
                 let w1 = w_tile[k * 32u + 16u + rg];
                 let x0 = x_tile[k * 32u + tg];
                 let x1 = x_tile[k * 32u + 16u + tg];
-                for (var j = 0u; j < 4u; j++) {
-                    acc[j] += w0 * x0[j];
-                    acc[4u + j] += w0 * x1[j];
-                    acc[8u + j] += w1 * x0[j];
-                    acc[12u + j] += w1 * x1[j];
-                }
+                // constant indices only: a runtime index would put acc in memory instead of registers
+                acc[0] += w0 * x0.x;
+                acc[1] += w0 * x0.y;
+                acc[2] += w0 * x0.z;
+                acc[3] += w0 * x0.w;
+                acc[4] += w0 * x1.x;
+                acc[5] += w0 * x1.y;
+                acc[6] += w0 * x1.z;
+                acc[7] += w0 * x1.w;
+                acc[8] += w1 * x0.x;
+                acc[9] += w1 * x0.y;
+                acc[10] += w1 * x0.z;
+                acc[11] += w1 * x0.w;
+                acc[12] += w1 * x1.x;
+                acc[13] += w1 * x1.y;
+                acc[14] += w1 * x1.z;
+                acc[15] += w1 * x1.w;
             }
         }
         workgroupBarrier();
     }
-    let y_base = prm.y_offset + b * prm.y_batch;
-    for (var j = 0u; j < 8u; j++) {
-        let token = select(tg * 4u + j, 64u + tg * 4u + j - 4u, j >= 4u);
-        if (token < count) {
-            let at = y_base + (t0 + token) * prm.y_stride;
-            for (var half = 0u; half < 2u; half++) {
-                let r = row0 + half * 64u + rg * 4u;
-                let v = acc[half * 8u + j];
-                for (var c = 0u; c < 4u; c++) {
-                    if (r + c < prm.rows) { store(at + r + c, v[c]); }
-                }
-            }
-        }
+    let y_base = prm.y_offset + b * prm.y_batch + t0 * prm.y_stride;
+    let r = row0 + rg * 4u;
+    let t = tg * 4u;
+    big_store(prm, y_base, r, t, count, acc[0], acc[8]);
+    big_store(prm, y_base, r, t + 1u, count, acc[1], acc[9]);
+    big_store(prm, y_base, r, t + 2u, count, acc[2], acc[10]);
+    big_store(prm, y_base, r, t + 3u, count, acc[3], acc[11]);
+    big_store(prm, y_base, r, t + 64u, count, acc[4], acc[12]);
+    big_store(prm, y_base, r, t + 65u, count, acc[5], acc[13]);
+    big_store(prm, y_base, r, t + 66u, count, acc[6], acc[14]);
+    big_store(prm, y_base, r, t + 67u, count, acc[7], acc[15]);
+}
+
+// Token `token` of a big tile: rows r .. r+3 from `low`, rows r+64 .. r+67 from `high`.
+fn big_store(prm: Params, y_base: u32, r: u32, token: u32, count: u32, low: vec4<f32>, high: vec4<f32>) {
+    if (token >= count) { return; }
+    let at = y_base + token * prm.y_stride;
+    for (var c = 0u; c < 4u; c++) {
+        if (r + c < prm.rows) { store(at + r + c, low[c]); }
+        if (r + 64u + c < prm.rows) { store(at + r + 64u + c, high[c]); }
     }
 }
 
@@ -480,21 +499,34 @@ fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
         workgroupBarrier();
     }
+    // constant indices into acc only (a runtime index would put it in memory instead of registers)
     if (split > 1u) {
-        for (var n = 0u; n < 4u; n++) { set_partial(lid * 4u + n, acc[n]); }
+        set_partial(lid * 4u, acc[0]);
+        set_partial(lid * 4u + 1u, acc[1]);
+        set_partial(lid * 4u + 2u, acc[2]);
+        set_partial(lid * 4u + 3u, acc[3]);
         workgroupBarrier();
         if (quarter == 0u) {
             for (var q = 1u; q < split; q++) {
-                for (var n = 0u; n < 4u; n++) { acc[n] += partial((lid + 16u * q) * 4u + n); }
+                let j = (lid + 16u * q) * 4u;
+                acc[0] += partial(j);
+                acc[1] += partial(j + 1u);
+                acc[2] += partial(j + 2u);
+                acc[3] += partial(j + 3u);
             }
         }
     }
     if (!computes || quarter != 0u) { return; }
-    for (var n = 0u; n < 4u; n++) {
-        let token = token_group * 4u + n;
-        if (token < count) {
-            let pair = groups[prm.list_at + start + token];
-            store_rows(prm, prm.y_offset + pair * prm.y_stride, row0, lid, acc[n]);
-        }
-    }
+    let t = token_group * 4u;
+    store_pair(prm, start + t, t < count, row0, lid, acc[0]);
+    store_pair(prm, start + t + 1u, t + 1u < count, row0, lid, acc[1]);
+    store_pair(prm, start + t + 2u, t + 2u < count, row0, lid, acc[2]);
+    store_pair(prm, start + t + 3u, t + 3u < count, row0, lid, acc[3]);
+}
+
+// The tile's rows of the pair at list entry `entry`, when `used`.
+fn store_pair(prm: Params, entry: u32, used: bool, row0: u32, lid: u32, v: vec4<f32>) {
+    if (!used) { return; }
+    let pair = groups[prm.list_at + entry];
+    store_rows(prm, prm.y_offset + pair * prm.y_stride, row0, lid, v);
 }

@@ -40,9 +40,13 @@ pub struct BenchArgs {
     /// Time each kernel (every dispatch then runs alone and is waited for: the rows' speeds no longer count)
     #[arg(long)]
     pub profile: bool,
+    /// Products over more than 64 tokens on wide tiles (64 × 64) instead of big ones (128 × 128)
+    #[arg(long)]
+    pub no_big_tiles: bool,
 }
 
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
+    crate::gpu::matmul::set_big_tiles(!args.no_big_tiles);
     let prompts: Vec<usize> = list("--prompts", &args.prompts)?;
     let pools: Vec<f64> = list("--pools", &args.pools)?;
     let mut chunks: Vec<usize> = vec![1];

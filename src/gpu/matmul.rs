@@ -20,6 +20,17 @@ pub const ROW_TOKENS: u32 = 16;
 pub const BIG_ROWS: u32 = 128;
 pub const BIG_TOKENS: u32 = 128;
 pub const MANY_TOKENS: u32 = 64;
+/// Off: products over many tokens take wide tiles too (`lingtab bench --no-big-tiles`, to compare the two).
+static BIG_TILES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+pub fn set_big_tiles(on: bool) {
+    BIG_TILES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn big_tiles_for(tokens: u32) -> bool {
+    tokens > MANY_TOKENS && BIG_TILES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Token counts up to this use row tiles.
 pub const FEW_TOKENS: u32 = 16;
 /// Pairs per entry of the expert tile list (a wide tile's tokens).
@@ -60,7 +71,7 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
     let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5], 0);
     let grid = if tokens <= FEW_TOKENS {
         ("matmul_rows", (m.rows.div_ceil(ROW_TILE), tokens.div_ceil(ROW_TOKENS), batch))
-    } else if tokens > MANY_TOKENS {
+    } else if big_tiles_for(tokens) {
         ("matmul_big", (m.rows.div_ceil(BIG_ROWS), tokens.div_ceil(BIG_TOKENS), batch))
     } else {
         ("matmul", (m.rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), batch))
@@ -126,7 +137,7 @@ pub fn matmul_by_columns(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, w_offset:
     }
     let m = Matrix { ty: crate::quant::GgmlType::F32, rows, cols, byte_offset: 4 * w_offset as u64 };
     let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, tokens, [0; 5], col_stride);
-    let (entry, grid) = if tokens > MANY_TOKENS {
+    let (entry, grid) = if big_tiles_for(tokens) {
         ("matmul_big", (rows.div_ceil(BIG_ROWS), tokens.div_ceil(BIG_TOKENS), 1))
     } else {
         ("matmul", (rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), 1))
