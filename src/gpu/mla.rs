@@ -183,6 +183,19 @@ pub fn attention_split(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: 
     }
 }
 
+/// A decode step over at least this many cache rows runs [`attention_by_products`]: its products keep the
+/// cache reads coalesced where the online-softmax kernel reads one row per invocation.
+const PRODUCTS_FROM_ROWS: u32 = 512;
+
+pub fn decode_by_products(rows: u32) -> bool {
+    rows >= PRODUCTS_FROM_ROWS
+}
+
+/// Floats of a decode step's attention scratch: the split kernel's partials, or one token's scores.
+pub fn decode_scratch_floats(n_head: usize, rank: usize, n_ctx: usize) -> usize {
+    partial_floats(n_head as u32, rank as u32, 1).max(n_head * cache_rows(n_ctx))
+}
+
 /// Floats of the score scratch [`attention_by_products`] takes for a prefill of `chunk`-token chunks in an
 /// `n_ctx` context: room for a whole chunk's scores up to 64 MiB (or `max_binding`), and never less than one
 /// token's (None when even that does not fit the binding limit).

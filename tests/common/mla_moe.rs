@@ -167,11 +167,12 @@ pub async fn mla_attention_by_products_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
     let n_head = 3u32;
-    let n_ctx = 400usize;
+    let n_ctx = 720usize;
     for (rank, rope_dim, d_nope, _) in MLA_SHAPES {
         let width = (rank + rope_dim) as usize;
         let d_qk = d_nope + rope_dim;
-        for (pos, tokens, block) in [(0u32, 1u32, None), (0, 40, None), (5, 40, Some(7)), (300, 70, Some(1)), (300, 70, Some(64))] {
+        // (700, 1): a decode step past mla::decode_by_products's threshold, with a decode step's scratch
+        for (pos, tokens, block) in [(0u32, 1u32, None), (0, 40, None), (5, 40, Some(7)), (300, 70, Some(1)), (300, 70, Some(64)), (700, 1, Some(0))] {
             let std = rng.uniform(0.3, 2.0);
             let q_abs = rng.normals((tokens * n_head) as usize * width, std);
             let mut cache = rng.normals(mla::cache_rows(n_ctx) * width, 1.0);
@@ -180,6 +181,10 @@ pub async fn mla_attention_by_products_matches_reference(gpu: &Gpu) {
             let out = poisoned(gpu, "attention out", (tokens * n_head * rank) as usize + 5);
             let rows_all = mla::cache_rows(end) as u32;
             let floats = match block {
+                Some(0) => {
+                    assert!(mla::decode_by_products(pos + 1), "pos {pos} should take the products in a decode step");
+                    mla::decode_scratch_floats(n_head as usize, rank as usize, n_ctx)
+                }
                 Some(b) => (b * n_head * rows_all) as usize,
                 None => mla::score_floats(n_head as usize, n_ctx, tokens as usize, u32::MAX as u64).unwrap(),
             };
