@@ -1,6 +1,6 @@
 //! The prompt in chunks (batched prefill): the same layers as [`super::forward`]'s decode step, for many tokens
 //! at once, with matrix-matrix products ([`crate::gpu::matmul`]) that decode each weight once per tile of 64
-//! tokens instead of once per token.
+//! or 128 tokens instead of once per token.
 //!
 //! Order of work: a *span* of the prompt (up to `span` tokens) runs layer by layer; inside a layer, its tokens go
 //! through in *chunks* of up to `chunk` tokens (the scratch buffers hold one chunk). A layer's states (KDA conv and

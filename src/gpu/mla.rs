@@ -1,4 +1,5 @@
-//! MLA attention kernels for one decode step (`shaders/mla.wgsl`), absorbed form (architecture spec §6).
+//! MLA attention kernels (`shaders/mla.wgsl`), absorbed form (architecture spec §6): an online-softmax kernel
+//! for short decode steps, and [`attention_by_products`] for prefill chunks and long contexts.
 //! All buffers hold f32. A cache row is `[c (rank) | RoPE(k_pe) (rope_dim)]`, `rank + rope_dim` floats; the
 //! value of a row is its first `rank` floats. Symbols: `rank` R = kv_lora_rank, `rope_dim` r, `d_nope`, `d_qk`,
 //! `d_v` as in the spec.
@@ -11,8 +12,8 @@ const LABEL: &str = "mla.wgsl";
 /// `mla_attention` keeps up to this many output dims per workgroup in registers (4 per invocation).
 pub const MAX_RANK: u32 = 1024;
 
-/// Rows a cache for `n_ctx` tokens holds: whole 32-row steps, so the prefill's value product
-/// ([`attention_by_products`]) reads only cache rows, zero-weighted past the context.
+/// Rows a cache for `n_ctx` tokens holds: whole 32-row steps, so the value product of
+/// [`attention_by_products`] reads only cache rows, zero-weighted past the context.
 pub fn cache_rows(n_ctx: usize) -> usize {
     n_ctx.next_multiple_of(32)
 }
