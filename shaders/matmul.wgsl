@@ -127,6 +127,28 @@ fn column8(row: u32, col: u32, col_stride: u32) -> array<f32, 8> {
     return out;
 }
 
+// One step's loads into workgroup memory: 8 weights of a tile row (when `row_ok`; zeros otherwise) and 8
+// inputs of a tile token (when `loads`), columns k0 + part .. +7, at [column of the step][group of 4] with
+// `groups` groups of 4 per column; `slot` is the tile row and token the invocation loads.
+fn stage_step(prm: Params, row_ok: bool, row_at: u32, loads: bool, x_base: u32, k0: u32, part: u32, slot: u32, groups: u32) {
+    var w: array<f32, 8>;
+    if (row_ok) {
+        if (prm.col_stride != 0u) {
+            w = column8(row_at, k0 + part, prm.col_stride);
+        } else {
+            w = decode8(prm.ty, row_at, k0 + part);
+        }
+    }
+    for (var n = 0u; n < 8u; n++) {
+        w_tile[(part + n) * groups + slot / 4u][slot % 4u] = w[n];
+    }
+    for (var n = 0u; n < 8u; n++) {
+        var v = 0.0;
+        if (loads) { v = x[x_base + k0 + part + n]; }
+        x_tile[(part + n) * groups + slot / 4u][slot % 4u] = v;
+    }
+}
+
 // The products of one tile over all columns. Invocation lid decodes 8 columns of tile row lid / 4 and loads 8
 // inputs of tile token lid / 4 (from x[x_base ..] when `loads`), then accumulates rows 4·(lid % 16) .. +3 for
 // tokens 4·(lid / 16) .. +3 (when any of them is among the tile's `count`). Every invocation reaches the barriers.
@@ -141,22 +163,7 @@ fn tile_products(prm: Params, w_base: u32, row0: u32, x_base: u32, loads: bool, 
     let computes = token_group * 4u < count;
     var acc: array<vec4<f32>, 4>;
     for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
-        var w: array<f32, 8>;
-        if (row_ok) {
-            if (prm.col_stride != 0u) {
-                w = column8(row_at, k0 + part, prm.col_stride);
-            } else {
-                w = decode8(prm.ty, row_at, k0 + part);
-            }
-        }
-        for (var n = 0u; n < 8u; n++) {
-            w_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = w[n];
-        }
-        for (var n = 0u; n < 8u; n++) {
-            var v = 0.0;
-            if (loads) { v = x[x_base + k0 + part + n]; }
-            x_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = v;
-        }
+        stage_step(prm, row_ok, row_at, loads, x_base, k0, part, load_index, 16u);
         workgroupBarrier();
         if (computes) {
             for (var k = 0u; k < STEP; k++) {
@@ -239,22 +246,7 @@ fn matmul_big(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let computes = tg * 4u < count;
     var acc: array<vec4<f32>, 16>;
     for (var k0 = 0u; k0 < prm.cols; k0 += BIG_STEP) {
-        var w: array<f32, 8>;
-        if (row_ok) {
-            if (prm.col_stride != 0u) {
-                w = column8(row_at, k0 + part, prm.col_stride);
-            } else {
-                w = decode8(prm.ty, row_at, k0 + part);
-            }
-        }
-        for (var n = 0u; n < 8u; n++) {
-            w_tile[(part + n) * 32u + load_index / 4u][load_index % 4u] = w[n];
-        }
-        for (var n = 0u; n < 8u; n++) {
-            var v = 0.0;
-            if (loads) { v = x[x_base + k0 + part + n]; }
-            x_tile[(part + n) * 32u + load_index / 4u][load_index % 4u] = v;
-        }
+        stage_step(prm, row_ok, row_at, loads, x_base, k0, part, load_index, 32u);
         workgroupBarrier();
         if (computes) {
             for (var k = 0u; k < BIG_STEP; k++) {
@@ -476,16 +468,7 @@ fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let computes = token_group < token_groups;
     var acc: array<vec4<f32>, 4>;
     for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
-        var w: array<f32, 8>;
-        if (row_ok) { w = decode8(prm.ty, row_at, k0 + part); }
-        for (var n = 0u; n < 8u; n++) {
-            w_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = w[n];
-        }
-        for (var n = 0u; n < 8u; n++) {
-            var v = 0.0;
-            if (loads) { v = x[x_base + k0 + part + n]; }
-            x_tile[(part + n) * 16u + load_index / 4u][load_index % 4u] = v;
-        }
+        stage_step(prm, row_ok, row_at, loads, x_base, k0, part, load_index, 16u);
         workgroupBarrier();
         if (computes) {
             for (var k = quarter * width; k < quarter * width + width; k++) {
