@@ -151,10 +151,11 @@ impl Plan {
         // an MLA cache is one buffer, bound whole (not split like the weights): the device's own limit
         let cache_limit = limits.max_storage_buffer_binding_size;
         if largest_cache > cache_limit {
-            let per_token = forward::State::bytes_needed(&config, 1, vocab).1.max(1);
+            // a cache holds whole 32-row steps (mla::cache_rows)
+            let per_row = ((config.kv_lora_rank + config.rope_dim) * 4) as u64;
+            let most = cache_limit / per_row / 32 * 32;
             return Err(format!(
-                "a context of {n_ctx} tokens needs an MLA cache of {largest_cache} bytes per MLA layer, above the {cache_limit} bytes a buffer binding may hold on this GPU (maxStorageBufferBindingSize): use a context of at most {} tokens",
-                cache_limit / per_token
+                "a context of {n_ctx} tokens needs an MLA cache of {largest_cache} bytes per MLA layer, above the {cache_limit} bytes a buffer binding may hold on this GPU (maxStorageBufferBindingSize): use a context of at most {most} tokens"
             ));
         }
         let dense = crate::model::layout::Totals::of(&config, model).dense_bytes;
