@@ -27,8 +27,13 @@ pub fn set_big_tiles(on: bool) {
     BIG_TILES.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-fn big_tiles_for(tokens: u32) -> bool {
-    tokens > MANY_TOKENS && BIG_TILES.load(std::sync::atomic::Ordering::Relaxed)
+/// The entry point and grid of a product on wide or big tiles (both read f32 matrices by columns too).
+fn tiles_for(rows: u32, tokens: u32, batch: u32) -> (&'static str, (u32, u32, u32)) {
+    if tokens > MANY_TOKENS && BIG_TILES.load(std::sync::atomic::Ordering::Relaxed) {
+        ("matmul_big", (rows.div_ceil(BIG_ROWS), tokens.div_ceil(BIG_TOKENS), batch))
+    } else {
+        ("matmul", (rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), batch))
+    }
 }
 
 /// Token counts up to this use row tiles.
@@ -71,10 +76,8 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
     let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5], 0);
     let grid = if tokens <= FEW_TOKENS {
         ("matmul_rows", (m.rows.div_ceil(ROW_TILE), tokens.div_ceil(ROW_TOKENS), batch))
-    } else if big_tiles_for(tokens) {
-        ("matmul_big", (m.rows.div_ceil(BIG_ROWS), tokens.div_ceil(BIG_TOKENS), batch))
     } else {
-        ("matmul", (m.rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), batch))
+        tiles_for(m.rows, tokens, batch)
     };
     let kernel = gpu.kernel(LABEL, source(), grid.0);
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, grid.1);
@@ -137,10 +140,6 @@ pub fn matmul_by_columns(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, w_offset:
     }
     let m = Matrix { ty: crate::quant::GgmlType::F32, rows, cols, byte_offset: 4 * w_offset as u64 };
     let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, tokens, [0; 5], col_stride);
-    let (entry, grid) = if big_tiles_for(tokens) {
-        ("matmul_big", (rows.div_ceil(BIG_ROWS), tokens.div_ceil(BIG_TOKENS), 1))
-    } else {
-        ("matmul", (rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), 1))
-    };
+    let (entry, grid) = tiles_for(rows, tokens, 1);
     pass.dispatch_3d(gpu, &gpu.kernel(LABEL, source(), entry), &[w, x, y], &params, grid);
 }

@@ -111,6 +111,16 @@ pub async fn mla_rope_q_matches_reference(gpu: &Gpu) {
     }
 }
 
+/// One head's attention output (f64): softmax over the rows of q·row/√d_qk, then the rows' first `rank` values
+/// weighed by it.
+fn reference_attention(q: &[f32], rows: &[&[f32]], rank: u32, d_qk: u32) -> Vec<f64> {
+    let scores: Vec<f64> = rows.iter().map(|row| q.iter().zip(*row).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (d_qk as f64).sqrt()).collect();
+    let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    (0..rank as usize).map(|rho| rows.iter().zip(&weights).map(|(row, w)| w * row[rho] as f64).sum::<f64>() / total).collect()
+}
+
 pub async fn mla_attention_matches_reference(gpu: &Gpu) {
     let seed = Rand::fresh_seed();
     let mut rng = Rand::new(seed);
@@ -140,19 +150,7 @@ pub async fn mla_attention_matches_reference(gpu: &Gpu) {
             let got = read_f32(gpu, &out, (n_head * rank) as usize).await;
 
             let rows: Vec<&[f32]> = cache.chunks(width).take(pos as usize + 1).collect();
-            let mut want = Vec::new();
-            for q in q_abs.chunks(width) {
-                let scores: Vec<f64> = rows
-                    .iter()
-                    .map(|row| q.iter().zip(*row).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (d_qk as f64).sqrt())
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                want.extend(
-                    (0..rank as usize).map(|rho| rows.iter().zip(&weights).map(|(row, w)| w * row[rho] as f64).sum::<f64>() / total),
-                );
-            }
+            let want: Vec<f64> = q_abs.chunks(width).flat_map(|q| reference_attention(q, &rows, rank, d_qk)).collect();
             let split = splits.unwrap_or_else(|| mla::splits_for(pos + 1, n_head, mla::MAX_SPLITS));
             check(&format!("attention pos {pos}, {split} splits (R {rank}, r {rope_dim}, seed {seed})"), &got, &want, 1e-5, 1e-5);
         }
@@ -199,16 +197,7 @@ pub async fn mla_attention_by_products_matches_reference(gpu: &Gpu) {
             for (i, q) in q_abs.chunks(width).enumerate() {
                 let t = i / n_head as usize;
                 let rows: Vec<&[f32]> = cache.chunks(width).take(pos as usize + t + 1).collect();
-                let scores: Vec<f64> = rows
-                    .iter()
-                    .map(|row| q.iter().zip(*row).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / (d_qk as f64).sqrt())
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
-                want.extend(
-                    (0..rank as usize).map(|rho| rows.iter().zip(&weights).map(|(row, w)| w * row[rho] as f64).sum::<f64>() / total),
-                );
+                want.extend(reference_attention(q, &rows, rank, d_qk));
             }
             let what = format!("attention by products pos {pos}, {tokens} tokens, block {block:?} (R {rank}, r {rope_dim}, seed {seed})");
             check(&what, &got[..want.len()], &want, 1e-5, 1e-5);
