@@ -200,7 +200,9 @@ pub async fn mla_attention_by_products_matches_reference(gpu: &Gpu) {
                 want.extend(reference_attention(q, &rows, rank, d_qk));
             }
             let what = format!("attention by products pos {pos}, {tokens} tokens, block {block:?} (R {rank}, r {rope_dim}, seed {seed})");
-            check(&what, &got[..want.len()], &want, 1e-5, 1e-5);
+            // f32 scores of 576-term sums summed tile by tile, their rounding amplified by the softmax: up to
+            // ~1.1e-5 seen on SwiftShader (7.6e-6 on lavapipe); a wrong row, mask or block is off by ~1e-1
+            check(&what, &got[..want.len()], &want, 3e-5, 1e-5);
         }
     }
 }
