@@ -16,6 +16,7 @@
 //                   tile list written by moe_group): the entry's expert is read from its pool slot; the entry's
 //                   tokens are pairs p = token·k + j from the list, reading x row p / x_div (at x_offset +
 //                   row·x_stride) and writing y row p (at y_offset + p·y_stride).
+//   matmul_experts_rows  the same with row tiles, for chunks of at most 16 tokens.
 // Prepended with quant.wgsl. Every write is bounds-checked.
 
 const TILE_ROWS: u32 = 64u;
@@ -420,6 +421,20 @@ fn matmul_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 
 var<workgroup> entry_info: vec4<u32>;
 
+// Entry `i` of the tile list as (pool slot, start in the list, pairs), made uniform for the barriers (slot
+// u32::MAX: no entry). Every invocation calls it.
+fn tile_entry(i: u32, lid: u32) -> vec4<u32> {
+    if (lid == 0u) {
+        var info = vec4<u32>(0xffffffffu, 0u, 0u, 0u);
+        if (i < groups[0]) {
+            let at = 4u + 4u * i;
+            info = vec4<u32>(groups[at], groups[at + 1u], groups[at + 2u], 0u);
+        }
+        entry_info = info;
+    }
+    return workgroupUniformLoad(&entry_info);
+}
+
 // Partial sum j (invocation·4 + token of its group) kept in the tiles' memory once the steps are done.
 fn set_partial(j: u32, v: vec4<f32>) {
     if (j < 512u) { w_tile[j] = v; } else { x_tile[j - 512u] = v; }
@@ -432,16 +447,7 @@ fn partial(j: u32) -> vec4<f32> {
 @compute @workgroup_size(256)
 fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let prm = pe;
-    // the entry, made uniform for the barriers (slot u32::MAX: no entry)
-    if (lid == 0u) {
-        var info = vec4<u32>(0xffffffffu, 0u, 0u, 0u);
-        if (wg.y < groups[0]) {
-            let at = 4u + 4u * wg.y;
-            info = vec4<u32>(groups[at], groups[at + 1u], groups[at + 2u], 0u);
-        }
-        entry_info = info;
-    }
-    let info = workgroupUniformLoad(&entry_info);
+    let info = tile_entry(wg.y, lid);
     let slot = info.x;
     let row0 = wg.x * TILE_ROWS;
     if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows || info.z == 0u) { return; }
@@ -512,4 +518,33 @@ fn store_pair(prm: Params, entry: u32, used: bool, row0: u32, lid: u32, v: vec4<
     if (!used) { return; }
     let pair = groups[prm.list_at + entry];
     store_rows(prm, prm.y_offset + pair * prm.y_stride, row0, lid, v);
+}
+
+// Row tiles over the tile list, for chunks of at most ROW_TOKENS tokens (so an entry has at most that many pairs:
+// a token selects an expert once): 128 rows of the entry's expert per workgroup, each invocation decoding 32
+// values of its row at a time into registers, as matmul_rows does. Few pairs per expert leave a wide tile's
+// invocations mostly idle and its barriers dear on a CPU adapter.
+@compute @workgroup_size(128)
+fn matmul_experts_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let prm = pe;
+    let info = tile_entry(wg.y, lid);
+    let slot = info.x;
+    let row0 = wg.x * ROW_TILE;
+    if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows || info.z == 0u) { return; }
+    let start = info.y;
+    let count = min(info.z, ROW_TOKENS);
+    let load_token = lid / 8u;
+    let loads = load_token < count;
+    var x_base = 0u;
+    if (loads) {
+        x_base = prm.x_offset + (groups[prm.list_at + start + load_token] / prm.x_div) * prm.x_stride;
+    }
+    let row = row0 + lid;
+    let w_base = (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset;
+    let acc = row_products(prm, w_base + row * prm.row_bytes, row < prm.rows, x_base, loads, count, lid);
+    if (row < prm.rows) {
+        for (var n = 0u; n < ROW_TOKENS; n++) {
+            if (n < count) { store(prm.y_offset + groups[prm.list_at + start + n] * prm.y_stride + row, acc[n]); }
+        }
+    }
 }

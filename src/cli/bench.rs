@@ -43,10 +43,14 @@ pub struct BenchArgs {
     /// Products over more than 64 tokens on wide tiles (64 × 64) instead of big ones (128 × 128)
     #[arg(long)]
     pub no_big_tiles: bool,
+    /// A new bind group for every dispatch instead of the ones kept from the last submission
+    #[arg(long)]
+    pub no_bind_cache: bool,
 }
 
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
     crate::gpu::matmul::set_big_tiles(!args.no_big_tiles);
+    crate::gpu::kernel::set_bind_cache(!args.no_bind_cache);
     let prompts: Vec<usize> = list("--prompts", &args.prompts)?;
     let pools: Vec<f64> = list("--pools", &args.pools)?;
     let mut chunks: Vec<usize> = vec![1];

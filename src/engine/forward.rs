@@ -46,6 +46,8 @@ pub struct State {
     /// attention's split partials (flash-decoding)
     /// the split attention's partials, or a long context's scores ([`mla::decode_by_products`])
     attn_scratch: wgpu::Buffer,
+    /// the decode step's value product in column slices, before they are summed
+    attn_slices: wgpu::Buffer,
     heads_out: wgpu::Buffer,
     gate_logits: wgpu::Buffer,
     // FFN
@@ -97,7 +99,7 @@ impl State {
         let ff_max = c.ff_dense.max(c.ff_shared).max(k * c.ff_expert);
         let scratch = [
             h, h, h, h, 3 * d_kda, 3 * d_kda, d_kda, nh, d_kda + nh, d_kda, d_kda, d_kda,
-            nh * c.key_length_mla, latent, nh * latent, nh * c.kv_lora_rank, mla::decode_scratch_floats(nh, c.kv_lora_rank, n_ctx), nh * c.value_length_mla, nh,
+            nh * c.key_length_mla, latent, nh * latent, nh * c.kv_lora_rank, mla::decode_scratch_floats(nh, c.kv_lora_rank, n_ctx), mla::value_slice_floats(nh, c.kv_lora_rank), nh * c.value_length_mla, nh,
             2 * ff_max, ff_max, c.n_expert, k * h, 2 * c.ff_shared, c.ff_shared, vocab,
         ];
         total += scratch.iter().map(|&n| float_bytes(n)).sum::<u64>() + norm::ARGMAX_BYTES;
@@ -172,6 +174,7 @@ impl State {
             q_abs: floats(gpu, "q absorbed", nh * latent),
             latent_mix: floats(gpu, "latent mix", nh * c.kv_lora_rank),
             attn_scratch: floats(gpu, "attention partials or scores", mla::decode_scratch_floats(nh, c.kv_lora_rank, n_ctx)),
+            attn_slices: floats(gpu, "attention value slices", mla::value_slice_floats(nh, c.kv_lora_rank)),
             heads_out: floats(gpu, "heads out", nh * c.value_length_mla),
             gate_logits: floats(gpu, "head gate", nh),
             gu: floats(gpu, "gate|up", 2 * ff_max),
@@ -199,7 +202,7 @@ impl State {
         });
         let scratch = [
             &self.x, &self.h, &self.attn_out, &self.ffn_out, &self.qkv_pre, &self.qkv, &self.fa, &self.beta_logits, &self.gb, &self.z, &self.o,
-            &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.attn_scratch, &self.heads_out, &self.gate_logits, &self.gu, &self.act,
+            &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.attn_scratch, &self.attn_slices, &self.heads_out, &self.gate_logits, &self.gu, &self.act,
             &self.router_logits, &self.experts_out, &self.shared_gu, &self.shared_act, &self.logits, &self.argmax,
         ];
         layers.chain(scratch).chain(self.sel.iter().flatten())
@@ -375,7 +378,7 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, cache
     matvec::batched(gpu, p, kb.whole(), kb_m, kb_stride, &s.q, Strided { offset: 0, stride: d_qk }, &s.q_abs, Strided { offset: 0, stride: latent }, nh);
     mla::rope_q(gpu, p, &s.q, &s.q_abs, pos, nh, d_nope, rope, rank, c.rope_freq_base);
     if mla::decode_by_products(pos + 1) {
-        mla::attention_by_products(gpu, p, &s.q_abs, cache, &s.attn_scratch, &s.latent_mix, pos, 1, nh, rank, rope, d_qk);
+        mla::attention_by_products(gpu, p, &s.q_abs, cache, &s.attn_scratch, Some(&s.attn_slices), &s.latent_mix, pos, 1, nh, rank, rope, d_qk);
     } else {
         mla::attention(gpu, p, &s.q_abs, cache, &s.attn_scratch, &s.latent_mix, pos, nh, rank, rope, d_qk);
     }

@@ -431,6 +431,7 @@ impl Engine {
     /// both on one load). The sequence starts over.
     pub fn set_prefill(&mut self, chunk: usize, span: Option<usize>) -> Result<(), String> {
         self.prefill = None;
+        self.gpu.forget_bindings();
         self.prefill = prefill::Prefill::for_options(&self.gpu, &self.config, Some(chunk), span, self.n_ctx, self.max_binding);
         self.reset();
         Ok(())

@@ -351,7 +351,7 @@ fn mla_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     let kb_stride = rank as u64 * kb_m.row_bytes() as u64;
     matmul::batched(gpu, pass, kb.whole(), kb_m, kb_stride, nh, m32, &p.q, Rows::new(0, nh * d_qk), d_qk, &p.q_abs, Rows::new(0, nh * latent), latent);
     mla::rope_q_tokens(gpu, pass, &p.q, &p.q_abs, pos, m32, nh, d_nope, rope, rank, c.rope_freq_base);
-    mla::attention_by_products(gpu, pass, &p.q_abs, cache, &p.scores, &p.latent_mix, pos, m32, nh, rank, rope, d_qk);
+    mla::attention_by_products(gpu, pass, &p.q_abs, cache, &p.scores, None, &p.latent_mix, pos, m32, nh, rank, rope, d_qk);
     let vb = t("attn_v_b.weight")?;
     let vb_m = Matrix { ty: vb.ty, rows: d_v, cols: rank, byte_offset: 0 };
     let vb_stride = d_v as u64 * vb_m.row_bytes() as u64;
@@ -398,16 +398,16 @@ fn experts_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, p: &Prefill, pool: &Exp
     for chunk in 0..pool.chunks.len() {
         let ch = pool.chunk(chunk);
         match layout.gate_up_fused() {
-            Some(gate_up) => matmul::experts(gpu, pass, ch, gate_up, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f)),
+            Some(gate_up) => matmul::experts(gpu, pass, ch, gate_up, m as u32, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f)),
             None => {
-                matmul::experts(gpu, pass, ch, layout.gate, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f));
-                matmul::experts(gpu, pass, ch, layout.up, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(f, 2 * f));
+                matmul::experts(gpu, pass, ch, layout.gate, m as u32, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f));
+                matmul::experts(gpu, pass, ch, layout.up, m as u32, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(f, 2 * f));
             }
         }
     }
     moe::swiglu(gpu, pass, &p.gu, &p.act, f, m as u32 * k, c.clamp_exp[l]);
     for chunk in 0..pool.chunks.len() {
-        matmul::experts(gpu, pass, pool.chunk(chunk), layout.down, &p.groups, list_at, max_tiles, &p.act, Rows::new(0, f), 1, &p.experts_out, Rows::new(0, hidden));
+        matmul::experts(gpu, pass, pool.chunk(chunk), layout.down, m as u32, &p.groups, list_at, max_tiles, &p.act, Rows::new(0, f), 1, &p.experts_out, Rows::new(0, hidden));
     }
     Ok(())
 }

@@ -36,6 +36,7 @@ pub struct KernelCache {
     kernels: std::cell::RefCell<HashMap<(String, String), Rc<Kernel>>>,
     /// While profiling: seconds and dispatches by kernel label (see [`Gpu::start_profile`]).
     profile: std::cell::RefCell<Option<HashMap<String, (u64, f64)>>>,
+    bindings: Bindings,
 }
 
 /// One kernel's share of a profiled stretch: its dispatches and their time, each dispatch submitted alone and
@@ -113,8 +114,91 @@ impl Gpu {
 
 struct Dispatch {
     kernel: Rc<Kernel>,
-    bind_group: wgpu::BindGroup,
+    buffers: Vec<wgpu::Buffer>,
+    /// The parameter words, padded to the 16 bytes uniforms are sized in.
+    words: Vec<u32>,
     grid: (u32, u32, u32),
+}
+
+/// Off: every dispatch gets a new bind group (`lingtab bench --no-bind-cache`, to compare).
+static BIND_CACHE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+pub fn set_bind_cache(on: bool) {
+    BIND_CACHE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The parameters of a submission's dispatches: one uniform buffer, written once per submission, each dispatch
+/// reading its own aligned slice; and the bind groups made over it, kept for the next submission that binds the
+/// same kernel, buffers and slice (a decode step repeats the last one's dispatches). A write made after a
+/// submission is ordered after it on the queue, so each submission sees its own parameters.
+#[derive(Default)]
+pub struct Bindings {
+    params: std::cell::RefCell<Option<wgpu::Buffer>>,
+    groups: std::cell::RefCell<HashMap<BindKey, wgpu::BindGroup>>,
+}
+
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    kernel: usize,
+    buffers: Vec<wgpu::Buffer>,
+    offset: u64,
+    size: u64,
+}
+
+/// Bind groups kept at most; past this the cache starts afresh (a kept group keeps its buffers alive).
+const MAX_BIND_GROUPS: usize = 2048;
+/// Bytes between two dispatches' parameters: WebGPU's largest allowed minUniformBufferOffsetAlignment.
+const PARAMS_STRIDE: u64 = 256;
+
+impl Gpu {
+    /// A uniform buffer of at least `size` bytes for a submission's parameters (grown, never shrunk).
+    fn params_buffer(&self, size: u64) -> wgpu::Buffer {
+        let b = &self.kernels.bindings;
+        let mut params = b.params.borrow_mut();
+        if let Some(buffer) = params.as_ref().filter(|p| p.size() >= size) {
+            return buffer.clone();
+        }
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: size.next_power_of_two().max(64 * PARAMS_STRIDE),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        // the kept groups bind the old buffer
+        b.groups.borrow_mut().clear();
+        *params = Some(buffer.clone());
+        buffer
+    }
+
+    fn bind_group(&self, d: &Dispatch, params: &wgpu::Buffer, offset: u64) -> wgpu::BindGroup {
+        let size = (d.words.len() * 4) as u64;
+        let make = || {
+            let mut entries: Vec<wgpu::BindGroupEntry> =
+                d.buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
+            let slice = wgpu::BufferBinding { buffer: params, offset, size: wgpu::BufferSize::new(size) };
+            entries.push(wgpu::BindGroupEntry { binding: d.buffers.len() as u32, resource: wgpu::BindingResource::Buffer(slice) });
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&d.kernel.label), layout: &d.kernel.layout, entries: &entries })
+        };
+        if !BIND_CACHE.load(std::sync::atomic::Ordering::Relaxed) {
+            return make();
+        }
+        let key = BindKey { kernel: Rc::as_ptr(&d.kernel) as usize, buffers: d.buffers.clone(), offset, size };
+        let mut groups = self.kernels.bindings.groups.borrow_mut();
+        if let Some(g) = groups.get(&key) {
+            return g.clone();
+        }
+        if groups.len() >= MAX_BIND_GROUPS {
+            groups.clear();
+        }
+        let group = make();
+        groups.insert(key, group.clone());
+        group
+    }
+
+    /// Lets go of the kept bind groups (and so of the buffers only they still hold).
+    pub fn forget_bindings(&self) {
+        self.kernels.bindings.groups.borrow_mut().clear();
+    }
 }
 
 /// Dispatches recorded in order; `submit` runs them in one compute pass.
@@ -135,23 +219,11 @@ impl Pass {
         self.dispatch_3d(gpu, kernel, buffers, params, (x, y, 1));
     }
 
-    pub fn dispatch_3d(&mut self, gpu: &Gpu, kernel: &Rc<Kernel>, buffers: &[&wgpu::Buffer], params: &[P], grid: (u32, u32, u32)) {
+    pub fn dispatch_3d(&mut self, _gpu: &Gpu, kernel: &Rc<Kernel>, buffers: &[&wgpu::Buffer], params: &[P], grid: (u32, u32, u32)) {
         let mut words: Vec<u32> = params.iter().map(|p| p.bits()).collect();
         words.resize(words.len().next_multiple_of(4).max(4), 0); // uniforms are 16-byte sized
-        // written through the queue, not mapped at creation: a buffer mapped at creation on a lost WebGPU device
-        // makes wgpu panic, where a write is just dropped
-        let uniform = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("params"),
-            size: (words.len() * 4) as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        gpu.queue.write_buffer(&uniform, 0, bytemuck::cast_slice(&words));
-        let mut entries: Vec<wgpu::BindGroupEntry> =
-            buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
-        entries.push(wgpu::BindGroupEntry { binding: buffers.len() as u32, resource: uniform.as_entire_binding() });
-        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&kernel.label), layout: &kernel.layout, entries: &entries });
-        self.dispatches.push(Dispatch { kernel: kernel.clone(), bind_group, grid });
+        assert!(words.len() * 4 <= PARAMS_STRIDE as usize, "{}: more parameters than a slice holds", kernel.label);
+        self.dispatches.push(Dispatch { kernel: kernel.clone(), buffers: buffers.iter().map(|&b| b.clone()).collect(), words, grid });
     }
 
     pub fn len(&self) -> usize {
@@ -161,17 +233,34 @@ impl Pass {
         self.dispatches.is_empty()
     }
 
+    /// Writes the parameters (one write) and the bind groups, then the dispatches, in order.
+    fn bind(&self, gpu: &Gpu) -> Vec<wgpu::BindGroup> {
+        if self.dispatches.is_empty() {
+            return Vec::new();
+        }
+        let params = gpu.params_buffer(self.dispatches.len() as u64 * PARAMS_STRIDE);
+        let mut bytes = vec![0u8; self.dispatches.len() * PARAMS_STRIDE as usize];
+        for (i, d) in self.dispatches.iter().enumerate() {
+            bytes[i * PARAMS_STRIDE as usize..][..d.words.len() * 4].copy_from_slice(bytemuck::cast_slice(&d.words));
+        }
+        // written through the queue, not mapped: a buffer mapped on a lost WebGPU device makes wgpu panic, where
+        // a write is just dropped
+        gpu.queue.write_buffer(&params, 0, &bytes);
+        self.dispatches.iter().enumerate().map(|(i, d)| gpu.bind_group(d, &params, i as u64 * PARAMS_STRIDE)).collect()
+    }
+
     /// Encodes every dispatch into one compute pass and submits it.
     pub fn submit(self, gpu: &Gpu) {
         if gpu.is_profiling() {
             return self.submit_one_by_one(gpu);
         }
+        let groups = self.bind(gpu);
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
-            for d in &self.dispatches {
+            for (d, group) in self.dispatches.iter().zip(&groups) {
                 pass.set_pipeline(&d.kernel.pipeline);
-                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.set_bind_group(0, group, &[]);
                 pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
             }
         }
@@ -180,13 +269,15 @@ impl Pass {
     }
 
     fn submit_one_by_one(self, gpu: &Gpu) {
-        for d in &self.dispatches {
+        // one slice per dispatch, so the later writes wait for nothing: each submission is waited for anyway
+        let groups = self.bind(gpu);
+        for (d, group) in self.dispatches.iter().zip(&groups) {
             let began = crate::clock::now_s();
             let mut encoder = gpu.device.create_command_encoder(&Default::default());
             {
                 let mut pass = encoder.begin_compute_pass(&Default::default());
                 pass.set_pipeline(&d.kernel.pipeline);
-                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.set_bind_group(0, group, &[]);
                 pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
             }
             gpu.queue.submit([encoder.finish()]);

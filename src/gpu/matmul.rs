@@ -93,17 +93,19 @@ pub fn max_tiles(pairs: u32, n_expert: u32) -> u32 {
 /// offset, at most `max_tiles` entries): the product of matrix `m` (found `m.byte_offset` bytes into the entry's
 /// pool slot) with the entry's pairs p, reading `x[x.offset + (p / x_div)·x.stride ..]` and writing
 /// `y[y.offset + p·y.stride + r]`. Only entries whose slot lies in `chunk` run; call once per pool buffer.
+/// `tokens`, the chunk's, picks the tiles: up to [`FEW_TOKENS`] no expert has more pairs than a row tile holds.
 #[allow(clippy::too_many_arguments)]
-pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, groups: &wgpu::Buffer, list_at: u32, max_tiles: u32, x: &wgpu::Buffer, x_at: Rows, x_div: u32, y: &wgpu::Buffer, y_at: Rows) {
+pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, tokens: u32, groups: &wgpu::Buffer, list_at: u32, max_tiles: u32, x: &wgpu::Buffer, x_at: Rows, x_div: u32, y: &wgpu::Buffer, y_at: Rows) {
     assert!(m.cols % 32 == 0, "matmul rows must be whole 32-value sub-blocks");
     assert!(x_div >= 1);
     if max_tiles == 0 {
         return;
     }
-    let kernel = gpu.kernel(LABEL, source(), "matmul_experts");
+    let (entry, rows_per_tile) = if tokens <= FEW_TOKENS { ("matmul_experts_rows", ROW_TILE) } else { ("matmul_experts", TILE_ROWS) };
+    let kernel = gpu.kernel(LABEL, source(), entry);
     let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
     let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts, 0);
-    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(TILE_ROWS), max_tiles, 1));
+    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(rows_per_tile), max_tiles, 1));
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -133,13 +135,22 @@ fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Rows, x_batch: u32, y_a
 /// (the transpose of rows `col_stride` floats apart, as attention's values are read from its cache rows).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_by_columns(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, w_offset: u32, rows: u32, cols: u32, col_stride: u32, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows) {
+    matmul_by_column_slices(gpu, pass, w, w_offset, rows, cols, col_stride, 1, tokens, x, x_at, y, y_at, 0);
+}
+
+/// [`matmul_by_columns`] over `slices` consecutive slices of `cols` columns at once (the columns of a long
+/// product split to fill the GPU): slice b multiplies columns `b·cols ..` with token inputs `b·cols ..` of each
+/// token's `x` row and writes its partial products at `y[y.offset + b·y_slice + t·y.stride + r]`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_by_column_slices(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, w_offset: u32, rows: u32, cols: u32, col_stride: u32, slices: u32, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows, y_slice: u32) {
     assert!(cols % 32 == 0, "matmul columns come 32 at a time");
     assert!(col_stride >= rows, "columns of {rows} rows cannot be {col_stride} floats apart");
-    if tokens == 0 || rows == 0 {
+    if tokens == 0 || rows == 0 || slices == 0 {
         return;
     }
     let m = Matrix { ty: crate::quant::GgmlType::F32, rows, cols, byte_offset: 4 * w_offset as u64 };
-    let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, tokens, [0; 5], col_stride);
-    let (entry, grid) = tiles_for(rows, tokens, 1);
+    let w_slice = 4 * cols as u64 * col_stride as u64;
+    let params = params(m, m.byte_offset, w_slice, x_at, cols, y_at, y_slice, tokens, [0; 5], col_stride);
+    let (entry, grid) = tiles_for(rows, tokens, slices);
     pass.dispatch_3d(gpu, &gpu.kernel(LABEL, source(), entry), &[w, x, y], &params, grid);
 }

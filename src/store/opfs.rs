@@ -327,6 +327,22 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Runs the OPFS call `start` makes, again while it fails with NoModificationAllowedError for up to a second: a
+/// worker terminated a moment ago (a reader of a disposed engine, a closed tab) lets go of its sync access
+/// handles shortly after, not at once.
+async fn released_shortly(mut start: impl FnMut() -> Result<js_sys::Promise, JsValue>) -> Result<JsValue, JsValue> {
+    let mut attempt = 0;
+    loop {
+        match JsFuture::from(start()?).await {
+            Err(e) if js::error_name(&e).as_deref() == Some("NoModificationAllowedError") && attempt < 10 => {
+                attempt += 1;
+                js::sleep_ms(100).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// `handle.createSyncAccessHandle({ mode: "read-only" })` (web-sys has no binding for the options yet).
 fn sync_handle_read_only(handle: &web_sys::FileSystemFileHandle) -> Result<js_sys::Promise, JsValue> {
     let create: js_sys::Function = js_sys::Reflect::get(handle, &"createSyncAccessHandle".into())?.dyn_into()?;
@@ -415,7 +431,7 @@ impl OpfsDir {
         let Some(stores) = stores_folder(false).await? else { return Ok(false) };
         let options = web_sys::FileSystemRemoveOptions::new();
         options.set_recursive(true);
-        match JsFuture::from(stores.remove_entry_with_options(name, &options)).await {
+        match released_shortly(|| Ok(stores.remove_entry_with_options(name, &options))).await {
             Ok(_) => Ok(true),
             Err(e) if js::error_name(&e).as_deref() == Some("NotFoundError") => Ok(false),
             Err(e) if matches!(js::error_name(&e).as_deref(), Some("NoModificationAllowedError" | "InvalidModificationError" | "InvalidStateError")) => Err(format!(
@@ -463,21 +479,13 @@ impl StoreDir for OpfsDir {
         let label = self.label(name);
         let kind = match self.access {
             Access::Sync => {
-                // a worker that was just terminated (a closed tab) releases its locks a moment later: wait a little
-                let mut attempt = 0;
-                let h = loop {
-                    let created = if self.read_only { sync_handle_read_only(&handle) } else { Ok(handle.create_sync_access_handle()) };
-                    match JsFuture::from(created.map_err(opfs_err(&label))?).await {
-                        Ok(h) => break h,
-                        Err(e) if js::error_name(&e).as_deref() == Some("NoModificationAllowedError") => {
-                            if attempt == 10 {
-                                return Err(format!("{label}: the file is open elsewhere (another tab or worker using this store?): {}", js::message(&e)));
-                            }
-                            attempt += 1;
-                            js::sleep_ms(100).await;
-                        }
-                        Err(e) => return Err(opfs_err(&label)(e)),
+                let created = released_shortly(|| if self.read_only { sync_handle_read_only(&handle) } else { Ok(handle.create_sync_access_handle()) }).await;
+                let h = match created {
+                    Ok(h) => h,
+                    Err(e) if js::error_name(&e).as_deref() == Some("NoModificationAllowedError") => {
+                        return Err(format!("{label}: the file is open elsewhere (another tab or worker using this store?): {}", js::message(&e)));
                     }
+                    Err(e) => return Err(opfs_err(&label)(e)),
                 };
                 Kind::Sync(RefCell::new(Some(h.unchecked_into())))
             }
@@ -507,18 +515,7 @@ impl StoreDir for OpfsDir {
         let what = format!("{}: write {} bytes", self.label(name), bytes.len());
         let handle = self.file_handle(name, true).await?.expect("created");
         // no keepExistingData: the stream starts empty, and close() swaps it in whole
-        let mut attempt = 0;
-        let stream: web_sys::FileSystemWritableFileStream = loop {
-            match JsFuture::from(handle.create_writable()).await {
-                Ok(s) => break s.unchecked_into(),
-                // a sync access handle holds the file: one of a worker terminated a moment ago is released shortly
-                Err(e) if js::error_name(&e).as_deref() == Some("NoModificationAllowedError") && attempt < 10 => {
-                    attempt += 1;
-                    js::sleep_ms(100).await;
-                }
-                Err(e) => return Err(opfs_err(&what)(e)),
-            }
-        };
+        let stream: web_sys::FileSystemWritableFileStream = released_shortly(|| Ok(handle.create_writable())).await.map_err(opfs_err(&what))?.unchecked_into();
         // if this future is dropped before the commit, abort the stream so it neither commits nor holds the file
         let mut pending = AbortOnDrop(Some(stream.clone()));
         call(stream.write_with_u8_array(bytes).map_err(opfs_err(&what))?, &what).await?;

@@ -32,7 +32,7 @@ fn check_row(what: &str, got: &[f32], w: &[f64], x: &[f32], rows: usize, cols: u
 /// tiles every way),
 /// the matrix at a byte offset, x and y strided with offsets; nothing written outside the product's rows.
 pub async fn matmul_every_type_matches_reference(gpu: &Gpu) {
-    let seed = Rand::fresh_seed();
+    let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
     let cases = [(GgmlType::Q4_K, 512, 70), (GgmlType::Q6_K, 256, 17), (GgmlType::Q4_K, 256, 3), (GgmlType::Q6_K, 768, 66), (GgmlType::Q5_0, 128, 5), (GgmlType::Q8_0, 96, 20), (GgmlType::F32, 64, 9), (GgmlType::F32, 96, 33), (GgmlType::F16, 160, 1)];
     for (ty, cols, tokens) in cases {
@@ -65,7 +65,7 @@ pub async fn matmul_every_type_matches_reference(gpu: &Gpu) {
 
 /// Per-head products over several tokens (MLA's absorbed k_b): matrix b at a byte stride, batch and token strides.
 pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
-    let seed = Rand::fresh_seed();
+    let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
     for tokens in [4usize, 33, 130] {
         let (ty, rows, cols, heads) = (GgmlType::Q5_0, 96, 128, 3);
@@ -96,16 +96,19 @@ pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
 
 /// The experts of a chunk grouped on the GPU (`moe_group`) and applied from pool slots spread over two pool
 /// buffers: every pair whose expert the table maps gets its expert's product, pairs of unmapped experts are left
-/// alone. The experts' pair counts (70: more than a tile, 1, 6, 12, 30, 18) give every column split of a tile.
+/// alone. Over 70 tokens (wide tiles) the experts' pair counts (70: more than a tile, 1, 6, 12, 30, 18) give
+/// every column split of a tile; over 16 (row tiles) they are 16, 1, 6 and 6, with one expert not in the pool.
 pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu) {
-    let seed = Rand::fresh_seed();
+    let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
-    for (ty, rows, cols) in [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512)] {
-        grouped_case(gpu, &mut rng, seed, ty, rows, cols).await;
+    for tokens in [70, matmul::FEW_TOKENS as usize] {
+        for (ty, rows, cols) in [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512)] {
+            grouped_case(gpu, &mut rng, seed, ty, rows, cols, tokens).await;
+        }
     }
 }
 
-async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: usize, cols: usize) {
+async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: usize, cols: usize, tokens: usize) {
     let (slots_per_chunk, n_chunks, n_expert, k) = (3u32, 2u32, 8u32, 2usize);
     let part_offset = 210u64 * 4; // the matrix starts inside the record, after other rows
     let matrix_bytes = (rows * cols / 256 * ty.block_bytes()) as u64;
@@ -128,8 +131,7 @@ async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: 
         table[n_expert as usize + e] = s;
     }
     let table_buf = gpu.upload("slots", bytemuck::cast_slice(&table));
-    // 70 tokens: expert 5 in every token, the second pick by runs of tokens
-    let tokens = 70usize;
+    // expert 5 in every token, the second pick by runs of tokens
     let words = moe::selection_words(k as u32);
     let second = |t: usize| match t {
         0 => 2u32,
@@ -157,7 +159,7 @@ async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: 
     moe::group(gpu, &mut pass, &sel_buf, 1, tokens as u32, k as u32, n_expert, &table_buf, n_expert, matmul::EXPERT_TILE_TOKENS, max_tiles, &groups);
     for (index, buffer) in chunks.iter().enumerate() {
         let chunk = PoolChunk { buffer, index: index as u32, slots_per_chunk, slot_bytes };
-        matmul::experts(gpu, &mut pass, chunk, m, &groups, list_at, max_tiles, &x_buf, Rows::new(3, cols as u32), k as u32, &y_buf, Rows::new(0, y_stride as u32));
+        matmul::experts(gpu, &mut pass, chunk, m, tokens as u32, &groups, list_at, max_tiles, &x_buf, Rows::new(3, cols as u32), k as u32, &y_buf, Rows::new(0, y_stride as u32));
     }
     pass.submit(gpu);
     let y = read_f32(gpu, &y_buf, tokens * k * y_stride).await;
@@ -165,7 +167,7 @@ async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: 
         for j in 0..k {
             let e = sel[1 + t * words + j] as usize;
             let row = &y[(t * k + j) * y_stride..][..y_stride];
-            let what = format!("{ty}: token {t} pick {j}: expert {e} (seed {seed})");
+            let what = format!("{ty}, {tokens} tokens: token {t} pick {j}: expert {e} (seed {seed})");
             match table[n_expert as usize + e] {
                 u32::MAX => assert!(row.iter().all(|v| v.is_nan()), "{what}: not in the pool, yet written"),
                 slot => {

@@ -15,15 +15,43 @@ pub mod mla_moe;
 use lingtab::gpu::Gpu;
 use lingtab::quant::GgmlType;
 
-/// A small deterministic generator for test inputs; seed it from the clock so every run sees fresh values
-/// (the seed goes into failure messages).
+/// A small deterministic generator for test inputs. Each test draws its seed from [`Rand::test_seed`]: fixed per
+/// call site, so CI runs are repeatable, and varied on demand to sweep many inputs (the seed goes into failure
+/// messages, and setting it reproduces a failure).
 pub struct Rand(u64);
 
 impl Rand {
     pub fn new(seed: u64) -> Rand {
         Rand(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
-    pub fn fresh_seed() -> u64 {
+    /// The seed for the calling test: a hash of its file and line, mixed with `LINGTAB_TEST_SEED` when that is
+    /// set (a number, or `clock` for a fresh one each run). Native tests read the variable at run time, browser
+    /// tests when they are compiled.
+    #[track_caller]
+    pub fn test_seed() -> u64 {
+        let at = std::panic::Location::caller();
+        let mut seed = 0xcbf2_9ce4_8422_2325u64; // FNV-1a over "file:line"
+        for b in format!("{}:{}", at.file(), at.line()).bytes() {
+            seed = (seed ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        #[cfg(target_arch = "wasm32")]
+        let sweep = option_env!("LINGTAB_TEST_SEED").map(str::to_owned);
+        #[cfg(not(target_arch = "wasm32"))]
+        let sweep = std::env::var("LINGTAB_TEST_SEED").ok();
+        match sweep.as_deref() {
+            None | Some("") => seed,
+            Some(sweep) => {
+                let n = match sweep {
+                    "clock" => Self::clock(),
+                    n => n.parse::<u64>().expect("LINGTAB_TEST_SEED is a number or `clock`"),
+                };
+                #[cfg(not(target_arch = "wasm32"))]
+                eprintln!("{}:{}: LINGTAB_TEST_SEED={n}", at.file(), at.line());
+                seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            }
+        }
+    }
+    fn clock() -> u64 {
         #[cfg(target_arch = "wasm32")]
         return js_sys::Date::now() as u64;
         #[cfg(not(target_arch = "wasm32"))]
