@@ -230,13 +230,13 @@ pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, c
     let scale = 1.0 / (d_qk as f32).sqrt(); // llama.cpp: kq_scale = 1.0f/sqrtf(float(n_embd_head_k_mla))
     let softmax = gpu.kernel(LABEL, SHADER, "mla_softmax_rows");
     let cache_capacity = (cache.size() / (4 * width as u64)) as u32;
+    let slice_capacity = slices_scratch.map_or(0, |parts| (parts.size() / 4) as u32);
     for t0 in (0..tokens).step_by(block as usize) {
         let b = block.min(tokens - t0);
         let n_rows = pos + t0 + b;
         let queries = b * n_head;
         // few queries (a decode step) leave the value product a handful of workgroups walking every row: split
         // its columns (the rows) into slices, summed after, as far as the scratch and the cache rows allow
-        let slice_capacity = slices_scratch.map_or(0, |b| (b.size() / 4) as u32);
         let (slices, slice_cols) = value_slices(n_rows, queries, rank, capacity, slice_capacity, cache_capacity);
         let cols = slices * slice_cols;
         let rows_of_cache = Matrix { ty: crate::quant::GgmlType::F32, rows: n_rows, cols: width, byte_offset: 0 };
@@ -286,6 +286,7 @@ fn value_slices(n_rows: u32, queries: u32, rank: u32, capacity: u32, slice_capac
     }
     whole
 }
+
 /// The head-wise gate, in place: `o[h·d_v + a] *= σ(gate_logits[h])`.
 ///
 /// * `o`: `n_head·d_v` floats (the per-head outputs after W_vb).
