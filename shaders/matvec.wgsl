@@ -37,6 +37,13 @@ const ROWS: u32 = 2u;
 const MAGIC: bool = true;
 var<workgroup> partial: array<f32, WG * ROWS>;
 
+// Lanes a subgroup is sure to hold, and the sum of v over each aligned run of `width` (≤ SUBGROUP) of them.
+// Without subgroups (this version) SUBGROUP is 1 and the sums go through workgroup memory; on a device with
+// them matvec.rs swaps in a version that shuffles (lane groups are aligned runs of local_invocation_index,
+// which is how every driver fills subgroups of a one-dimensional workgroup).
+const SUBGROUP: u32 = 1u;
+fn subgroup_sum(v: f32, width: u32) -> f32 { return v; }
+
 // 2^23 as f32 bits: OR-ing a byte into the mantissa gives 2^23 + byte exactly
 const EXP23: u32 = 0x4b000000u;
 
@@ -181,15 +188,20 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
             }
         }
     }
-    for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] = acc[r]; }
-    workgroupBarrier();
-    for (var s = p.lanes / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] += partial[r * WG + lid + s]; }
-        }
+    // the lanes of a group summed: `shuffled` neighbours by subgroup shuffles, the rest through workgroup memory
+    let shuffled = min(p.lanes, SUBGROUP);
+    for (var r = 0u; r < ROWS; r++) { acc[r] = subgroup_sum(acc[r], shuffled); }
+    if (shuffled < p.lanes) {
+        for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] = acc[r]; }
         workgroupBarrier();
+        for (var s = p.lanes / 2u; s >= shuffled; s >>= 1u) {
+            if (lane < s) {
+                for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] += partial[r * WG + lid + s]; }
+            }
+            workgroupBarrier();
+        }
+        for (var r = 0u; r < ROWS; r++) { acc[r] = partial[r * WG + lid]; }
     }
-    for (var r = 0u; r < ROWS; r++) { acc[r] = partial[r * WG + lid]; }
     return acc;
 }
 

@@ -22,6 +22,15 @@ fn matvec_every_type_matches_reference() {
     pollster::block_on(common::matvec::matvec_every_type_matches_reference(&gpu()));
 }
 
+/// The products with their reductions through workgroup memory only, as on a device without subgroups (the
+/// browser's, through wgpu), on this one that has them.
+#[test]
+fn matvec_without_subgroups_matches_reference() {
+    let gpu = gpu();
+    gpu.set_subgroups(false);
+    pollster::block_on(common::matvec::matvec_every_type_matches_reference(&gpu));
+}
+
 #[test]
 fn batched_matvec_matches_reference() {
     pollster::block_on(common::matvec::batched_matvec_matches_reference(&gpu()));

@@ -46,6 +46,9 @@ pub struct BenchArgs {
     /// A new bind group for every dispatch instead of the ones kept from the last submission
     #[arg(long)]
     pub no_bind_cache: bool,
+    /// Reductions through workgroup memory only, even where the device has subgroup operations
+    #[arg(long)]
+    pub no_subgroups: bool,
 }
 
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
@@ -92,6 +95,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
                 eprintln!("{}; memory read {:.0} GB/s (measured here); {:.1} MB read per decode token at the least", engine.gpu.summary, bandwidth.unwrap(), engine.min_bytes_per_token() as f64 / 1e6);
             }
         }
+        engine.gpu.set_subgroups(!args.no_subgroups);
         let before = rows.len();
         if args.profile {
             engine.gpu.start_profile();
@@ -128,6 +132,9 @@ pub struct BenchKernelsArgs {
     /// Print the rows as JSON
     #[arg(long)]
     pub json: bool,
+    /// Measure only the reductions through workgroup memory, not also the subgroup ones
+    #[arg(long)]
+    pub no_subgroups: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -199,7 +206,17 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
         let mut rows = vec![KernelRow { product: "memory read (baseline)".into(), variant: String::new(), mb_per_product: 0.0, us_per_product: 0.0, gb_per_s: read, share_of_read: 1.0, us_gpu_only: 0.0, gb_per_s_gpu_only: read }];
         // the default variant of each matrix first (None), then the ones asked for
         let variants: Vec<Option<matvec::Variant>> = std::iter::once(None).chain(variants.into_iter().map(Some)).collect();
-        let name_of = |v: Option<matvec::Variant>, m: Matrix| v.map(|v| v.name()).unwrap_or_else(|| format!("{}*", matvec::Variant::for_matrix(m).name()));
+        // each variant with subgroup reductions and without, where the device has them
+        let subgroups: Vec<bool> = if gpu.subgroup_lanes().is_some() && !args.no_subgroups { vec![true, false] } else { vec![false] };
+        let variants: Vec<(Option<matvec::Variant>, bool)> = variants.into_iter().flat_map(|v| subgroups.iter().map(move |&sg| (v, sg))).collect();
+        let lanes = gpu.subgroup_lanes();
+        let name_of = |(v, sg): (Option<matvec::Variant>, bool), m: Matrix| {
+            let name = v.map(|v| v.name()).unwrap_or_else(|| format!("{}*", matvec::Variant::for_matrix(m).name()));
+            match (sg, lanes) {
+                (true, Some(l)) => format!("{name} sg{l}"),
+                _ => name,
+            }
+        };
         let row = |product: &str, v: String, bytes: u64, (secs, gpu_secs): (f64, f64)| KernelRow {
             product: product.into(),
             variant: v,
@@ -231,7 +248,8 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
             let buffers: Vec<wgpu::Buffer> = (0..pieces.len()).map(|i| gpu.upload("bench weights", &filler(stride * copies, 7 + i as u64))).collect();
             let x = gpu.upload("bench x", &(0..cols).flat_map(|_| 0.01f32.to_le_bytes()).collect::<Vec<u8>>());
             let y = gpu.storage_buffer("bench y", n_rows as u64 * 4);
-            for &v in &variants {
+            for &(v, sg) in &variants {
+                gpu.set_subgroups(sg);
                 let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
                     for (&(first, rows), w) in pieces.iter().zip(&buffers) {
                         let m = Matrix { rows, byte_offset: (i as u64 % copies) * stride, ..m };
@@ -240,7 +258,7 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
                     }
                 })
                 .await?;
-                rows.push(row(name, name_of(v, m), bytes, secs));
+                rows.push(row(name, name_of((v, sg), m), bytes, secs));
             }
         }
         // 8 selected experts' gate|up (Q4_K, 2×768 rows of 2560) and down (Q6_K, 2560 rows of 768) from a pool
@@ -259,7 +277,8 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
         let y = gpu.storage_buffer("bench y", (k * 2 * f.max(h)) as u64 * 4);
         let chunk = PoolChunk { buffer: &pool, index: 0, slots_per_chunk: slots, slot_bytes };
         for (name, m, x_stride, y_stride) in [("experts gate|up 8×(2560→1536) Q4_K", gate_up, 0, 2 * f), ("experts down 8×(768→2560) Q6_K", down, f, h)] {
-            for &v in &variants {
+            for &(v, sg) in &variants {
+                gpu.set_subgroups(sg);
                 let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
                     let sel = &sels[i as usize % sels.len()];
                     let v = v.unwrap_or(matvec::Variant::for_matrix(m));
@@ -267,18 +286,19 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
                 })
                 .await?;
                 let bytes = k as u64 * m.rows as u64 * m.row_bytes() as u64;
-                rows.push(row(name, name_of(v, m), bytes, secs));
+                rows.push(row(name, name_of((v, sg), m), bytes, secs));
             }
         }
+        gpu.set_subgroups(true);
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rows).unwrap());
         } else {
             println!("{}", gpu.summary);
             // "GPU only": the same products recorded before the clock started (no per-dispatch CPU cost)
-            println!("{:<36} {:>7} {:>9} {:>10} {:>8} {:>8} {:>10} {:>8} {:>8}", "product", "variant", "MB", "µs", "GB/s", "of read", "µs GPU", "GB/s", "of read");
+            println!("{:<36} {:>12} {:>9} {:>10} {:>8} {:>8} {:>10} {:>8} {:>8}", "product", "variant", "MB", "µs", "GB/s", "of read", "µs GPU", "GB/s", "of read");
             for r in &rows {
                 println!(
-                    "{:<36} {:>7} {:>9.1} {:>10.1} {:>8.0} {:>7.0}% {:>10.1} {:>8.0} {:>7.0}%",
+                    "{:<36} {:>12} {:>9.1} {:>10.1} {:>8.0} {:>7.0}% {:>10.1} {:>8.0} {:>7.0}%",
                     r.product, r.variant, r.mb_per_product, r.us_per_product, r.gb_per_s, 100.0 * r.share_of_read, r.us_gpu_only, r.gb_per_s_gpu_only, 100.0 * r.gb_per_s_gpu_only / read
                 );
             }

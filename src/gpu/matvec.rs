@@ -3,7 +3,8 @@
 
 use super::{Gpu, Pass, P};
 use crate::quant::GgmlType;
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 const QUANT: &str = include_str!("../../shaders/quant.wgsl");
 const MATVEC: &str = include_str!("../../shaders/matvec.wgsl");
@@ -13,7 +14,7 @@ const DENSE_MARKER: &str = "// ---- dense entry point";
 /// How the kernel is specialised (compile-time constants of matvec.wgsl): rows per lane group, whether quants
 /// become f32 through exponent bits (`magic`) or an integer conversion, Q4_K/Q6_K rows one block at a time
 /// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub rows: u32,
     pub magic: bool,
@@ -50,10 +51,6 @@ impl Variant {
     pub fn parse(s: &str) -> Option<Variant> {
         Variant::ALL.into_iter().find(|v| v.name() == s)
     }
-
-    fn index(self) -> usize {
-        Variant::ALL.iter().position(|&v| v == self).expect("a listed variant")
-    }
 }
 
 const X_SCALAR: [&str; 3] = [
@@ -67,33 +64,57 @@ const X_VEC4: [&str; 3] = [
     "fn x4(i: u32) -> vec4<f32> { return x[i >> 2u]; }",
 ];
 
-/// (dense, experts) sources of every variant, with x as f32 [0] and as vec4 [1].
-fn sources() -> &'static [[(String, String); 2]] {
-    static S: OnceLock<Vec<[(String, String); 2]>> = OnceLock::new();
-    S.get_or_init(|| {
-        Variant::ALL
-            .iter()
-            .map(|v| {
-                let m = MATVEC
-                    .replacen("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows), 1)
-                    .replacen("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic), 1);
-                assert!(m.contains(&format!("const ROWS: u32 = {}u;", v.rows)) && m.contains(&format!("const MAGIC: bool = {};", v.magic)), "matvec.wgsl declares ROWS and MAGIC");
-                let core = &m[..m.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
-                let dense = format!("{QUANT}{m}");
-                let experts = format!("{QUANT}{core}{EXPERTS}");
-                let vec4 = |s: &str| {
-                    let mut s = s.to_string();
-                    for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
-                        assert!(s.contains(from), "matvec.wgsl has {from:?}");
-                        s = s.replace(from, to);
-                    }
-                    s
-                };
-                let (dense4, experts4) = (vec4(&dense), vec4(&experts));
-                [(dense, experts), (dense4, experts4)]
-            })
-            .collect()
+/// A variant, x as vec4, subgroup lanes, the expert entry point.
+type SourceKey = (Variant, bool, u32, bool);
+
+/// The WGSL of a variant's dense or expert entry point, with x bound as f32 or vec4 and reductions shuffling
+/// across `subgroup` lanes (1: workgroup memory only). Built once each.
+fn source(v: Variant, x4: bool, subgroup: u32, experts: bool) -> &'static str {
+    static S: OnceLock<Mutex<HashMap<SourceKey, &'static str>>> = OnceLock::new();
+    let mut sources = S.get_or_init(Default::default).lock().unwrap();
+    sources.entry((v, x4, subgroup, experts)).or_insert_with(|| {
+        let mut m = MATVEC.to_string();
+        let mut swap = |from: &str, to: &str| {
+            assert!(m.contains(from), "matvec.wgsl has {from:?}");
+            m = m.replacen(from, to, 1);
+        };
+        swap("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows));
+        swap("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic));
+        if subgroup > 1 {
+            swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
+            swap(SUBGROUP_SUM[1], SUBGROUP_SUM[2]);
+        }
+        if x4 {
+            for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
+                swap(from, to);
+            }
+        }
+        let core = &m[..m.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
+        let mut out = format!("{QUANT}{}", if experts { format!("{core}{EXPERTS}") } else { m.clone() });
+        if experts && x4 {
+            out = out.replacen(X_SCALAR[0], X_VEC4[0], 1);
+        }
+        Box::leak(out.into_boxed_str())
     })
+}
+
+/// matvec.wgsl's reduction without subgroups, and the shuffling one put in its place on a device with them.
+const SUBGROUP_SUM: [&str; 3] = [
+    "const SUBGROUP: u32 = 1u;",
+    "fn subgroup_sum(v: f32, width: u32) -> f32 { return v; }",
+    "fn subgroup_sum(v: f32, width: u32) -> f32 {
+    var s = v;
+    for (var m = width / 2u; m > 0u; m >>= 1u) { s += subgroupShuffleXor(s, m); }
+    return s;
+}",
+];
+
+/// The kernel of a variant on this GPU.
+fn kernel(gpu: &Gpu, v: Variant, x4: bool, experts: bool) -> std::rc::Rc<super::Kernel> {
+    let subgroup = gpu.subgroup_lanes().unwrap_or(1);
+    let name = if experts { "matvec_experts" } else { "matvec" };
+    let label = format!("{name}.wgsl {}{}{}", v.name(), if x4 { " x4" } else { "" }, if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
+    gpu.kernel(&label, source(v, x4, subgroup, experts), name)
 }
 
 /// Whether x can be bound as vec4: every offset a multiple of 4 floats and the buffer whole vec4s.
@@ -145,7 +166,7 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
 pub fn batched_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let x4 = x_as_vec4(v, x, x_at);
-    let kernel = gpu.kernel(&format!("matvec.wgsl {}{}", v.name(), if x4 { " x4" } else { "" }), &sources()[v.index()][x4 as usize].0, "matvec");
+    let kernel = kernel(gpu, v, x4, false);
     let params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0]);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n));
@@ -174,7 +195,7 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wg
 pub fn experts_as(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let x4 = x_as_vec4(v, x, x_at);
-    let kernel = gpu.kernel(&format!("matvec_experts.wgsl {}{}", v.name(), if x4 { " x4" } else { "" }), &sources()[v.index()][x4 as usize].1, "matvec_experts");
+    let kernel = kernel(gpu, v, x4, true);
     let params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index]);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, k));

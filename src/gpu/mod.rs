@@ -38,6 +38,8 @@ pub struct AdapterSummary {
     pub max_compute_workgroups_per_dimension: u32,
     pub max_compute_invocations_per_workgroup: u32,
     pub features: Vec<String>,
+    /// Subgroup lanes the kernels shuffle across (None: the device has no subgroup operations)
+    pub subgroup_lanes: Option<u32>,
 }
 
 impl fmt::Display for AdapterSummary {
@@ -45,12 +47,13 @@ impl fmt::Display for AdapterSummary {
         let name = if self.name.is_empty() { "(unnamed adapter)" } else { &self.name };
         write!(
             f,
-            "{name} [{} {}{}] maxBufferSize {} maxStorageBufferBindingSize {}",
+            "{name} [{} {}{}] maxBufferSize {} maxStorageBufferBindingSize {}{}",
             self.backend,
             self.device_type,
             if self.driver.is_empty() { String::new() } else { format!(", {}", self.driver) },
             self.max_buffer_size,
-            self.max_storage_buffer_binding_size
+            self.max_storage_buffer_binding_size,
+            self.subgroup_lanes.map(|l| format!(" subgroups of {l}+")).unwrap_or_default()
         )
     }
 }
@@ -113,6 +116,11 @@ pub struct Gpu {
     /// not to be trusted.
     uncaptured: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     counters: std::cell::Cell<GpuCounters>,
+    /// Lanes a subgroup is sure to have (the adapter's least subgroup size) where the device has subgroup
+    /// operations (natively; wgpu's WebGPU backend does not pass the feature through): reductions shuffle
+    /// across that many lanes before workgroup memory takes over.
+    subgroup_lanes: Option<u32>,
+    subgroups_on: std::cell::Cell<bool>,
 }
 
 impl Gpu {
@@ -144,10 +152,13 @@ impl Gpu {
         let mut limits = adapter.limits();
         adjust(&mut limits);
         check_limits(&limits)?;
+        let info = adapter.get_info();
+        let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size.is_power_of_two();
+        let subgroup_lanes = subgroups.then_some(info.subgroup_min_size.min(32));
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("lingtab"),
-                required_features: wgpu::Features::empty(),
+                required_features: if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() },
                 required_limits: limits.clone(),
                 ..Default::default()
             })
@@ -172,7 +183,6 @@ impl Gpu {
             }
             on_error.lock().unwrap().get_or_insert(message);
         }));
-        let info = adapter.get_info();
         let summary = AdapterSummary {
             name: if info.name.is_empty() { browser_adapter_name().await.unwrap_or_default() } else { info.name },
             backend: format!("{:?}", info.backend),
@@ -184,8 +194,21 @@ impl Gpu {
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
+            subgroup_lanes,
         };
-        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default() })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true) })
+    }
+
+    /// The lanes the kernels may reduce across by subgroup shuffles: None without subgroups, or once
+    /// [`Gpu::set_subgroups`] turned them off.
+    pub fn subgroup_lanes(&self) -> Option<u32> {
+        self.subgroup_lanes.filter(|_| self.subgroups_on.get())
+    }
+
+    /// Off: kernels built from now on reduce through workgroup memory only, as on a device without subgroups
+    /// (to test and measure the plain path on one that has them).
+    pub fn set_subgroups(&self, on: bool) {
+        self.subgroups_on.set(on);
     }
 
     pub fn counters(&self) -> GpuCounters {
