@@ -28,6 +28,8 @@ struct Params {
     chunk: u32,
     // invocations per row: 16 or 32 for Q4_K/Q6_K, a power of two in 4..32 otherwise
     lanes: u32,
+    // 1: y[r] += the product (a residual added in the same pass, one dispatch fewer); 0: y[r] = it
+    accumulate: u32,
 }
 
 const WG: u32 = 256u;
@@ -206,7 +208,7 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
 }
 
 fn store(i: u32, v: f32) {
-    if (i < arrayLength(&y)) { y[i] = v; }
+    if (i < arrayLength(&y)) { y[i] = select(v, y[i] + v, p.accumulate != 0u); }
 }
 
 // Lane 0 of each group writes its rows that exist.

@@ -22,6 +22,11 @@ fn matvec_every_type_matches_reference() {
     pollster::block_on(common::matvec::matvec_every_type_matches_reference(&gpu()));
 }
 
+#[test]
+fn matvec_add_adds_the_product_to_y() {
+    pollster::block_on(common::matvec::matvec_add_adds_the_product_to_y(&gpu()));
+}
+
 /// The products with their reductions through workgroup memory only, as on a device without subgroups (the
 /// browser's, through wgpu), on this one that has them.
 #[test]

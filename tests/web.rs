@@ -190,6 +190,11 @@ async fn matvec_every_type_matches_reference() {
 }
 
 #[wasm_bindgen_test]
+async fn matvec_add_adds_the_product_to_y() {
+    common::matvec::matvec_add_adds_the_product_to_y(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn batched_matvec_matches_reference() {
     common::matvec::batched_matvec_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

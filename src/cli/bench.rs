@@ -90,7 +90,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
             return Err(format!("{mode}: the pool holds every expert of this model: nothing to stream"));
         }
         if bandwidth.is_none() {
-            bandwidth = Some(pollster::block_on(bench::read_bandwidth(&engine.gpu, 1 << 30, 10))?);
+            bandwidth = Some(pollster::block_on(bench::read_bandwidth(&engine.gpu, 1 << 30, 10, 5))?);
             if !args.json {
                 eprintln!("{}; memory read {:.0} GB/s (measured here); {:.1} MB read per decode token at the least", engine.gpu.summary, bandwidth.unwrap(), engine.min_bytes_per_token() as f64 / 1e6);
             }
@@ -197,7 +197,7 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
         let gpu = Gpu::new().await.map_err(|e| e.0)?;
         let limits = gpu.device.limits();
         let limit = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
-        let read = bench::read_bandwidth(&gpu, 1 << 30, 20).await?;
+        let read = bench::read_bandwidth(&gpu, 1 << 30, 20, 5).await?;
         let variants: Vec<matvec::Variant> = match args.variants.trim() {
             "" => Vec::new(),
             "all" => matvec::Variant::ALL.to_vec(),

@@ -27,7 +27,6 @@ pub struct State {
     pub vocab: usize,
     x: wgpu::Buffer,
     pub(super) h: wgpu::Buffer,
-    attn_out: wgpu::Buffer,
     ffn_out: wgpu::Buffer,
     // KDA
     qkv_pre: wgpu::Buffer,
@@ -98,7 +97,7 @@ impl State {
         let k = c.n_expert_used;
         let ff_max = c.ff_dense.max(c.ff_shared).max(k * c.ff_expert);
         let scratch = [
-            h, h, h, h, 3 * d_kda, 3 * d_kda, d_kda, nh, d_kda + nh, d_kda, d_kda, d_kda,
+            h, h, h, 3 * d_kda, 3 * d_kda, d_kda, nh, d_kda + nh, d_kda, d_kda, d_kda,
             nh * c.key_length_mla, latent, nh * latent, nh * c.kv_lora_rank, mla::decode_scratch_floats(nh, c.kv_lora_rank, n_ctx), mla::value_slice_floats(nh, c.kv_lora_rank), nh * c.value_length_mla, nh,
             2 * ff_max, ff_max, c.n_expert, k * h, 2 * c.ff_shared, c.ff_shared, vocab,
         ];
@@ -159,7 +158,6 @@ impl State {
             vocab,
             x: floats(gpu, "x", h),
             h: floats(gpu, "h", h),
-            attn_out: floats(gpu, "attn out", h),
             ffn_out: floats(gpu, "ffn out", h),
             qkv_pre: floats(gpu, "qkv pre-conv", 3 * d_kda),
             qkv: floats(gpu, "qkv", 3 * d_kda),
@@ -201,7 +199,7 @@ impl State {
             LayerState::Mla { cache } => vec![cache],
         });
         let scratch = [
-            &self.x, &self.h, &self.attn_out, &self.ffn_out, &self.qkv_pre, &self.qkv, &self.fa, &self.beta_logits, &self.gb, &self.z, &self.o,
+            &self.x, &self.h, &self.ffn_out, &self.qkv_pre, &self.qkv, &self.fa, &self.beta_logits, &self.gb, &self.z, &self.o,
             &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.attn_scratch, &self.attn_slices, &self.heads_out, &self.gate_logits, &self.gu, &self.act,
             &self.router_logits, &self.experts_out, &self.shared_gu, &self.shared_act, &self.logits, &self.argmax,
         ];
@@ -248,7 +246,6 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
             LayerState::Kda { conv, recurrent, conv_w } => kda_layer(gpu, p, c, &t, s, conv, recurrent, conv_w)?,
             LayerState::Mla { cache } => mla_layer(gpu, p, c, &t, s, cache, pos)?,
         }
-        moe::add(gpu, p, &s.x, &s.attn_out, hidden);
 
         norm::rms_norm(gpu, p, &s.x, 0, t("ffn_norm.weight")?.whole(), &s.h, 0, hidden, eps);
         if c.is_moe_layer(l) {
@@ -271,8 +268,7 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
             t("ffn_gate.weight")?.matvec(gpu, p, &s.h, 0, &s.gu, 0);
             t("ffn_up.weight")?.matvec(gpu, p, &s.h, 0, &s.gu, f);
             moe::swiglu(gpu, p, &s.gu, &s.act, f, 1, c.clamp_shexp[l]);
-            t("ffn_down.weight")?.matvec(gpu, p, &s.act, 0, &s.ffn_out, 0);
-            moe::add(gpu, p, &s.x, &s.ffn_out, hidden);
+            t("ffn_down.weight")?.matvec_add(gpu, p, &s.act, 0, &s.x, 0);
         }
     }
     let p = &mut pass;
@@ -360,7 +356,8 @@ fn kda_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, conv:
     kda::delta(gpu, p, &s.qkv, &s.gb, recurrent, &s.o, nh, hd, c.rms_eps);
     t("ssm_g_a.weight")?.matvec(gpu, p, &s.h, 0, &s.z, 0);
     kda::head_norm_gate(gpu, p, &s.o, t("ssm_norm.weight")?.whole(), &s.z, &s.o_normed, nh, hd, c.rms_eps);
-    t("attn_output.weight")?.matvec(gpu, p, &s.o_normed, 0, &s.attn_out, 0);
+    // the residual: x += W_o·o
+    t("attn_output.weight")?.matvec_add(gpu, p, &s.o_normed, 0, &s.x, 0);
     Ok(())
 }
 
@@ -389,7 +386,8 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, cache
     matvec::batched(gpu, p, vb.whole(), vb_m, vb_stride, &s.latent_mix, Strided { offset: 0, stride: rank }, &s.heads_out, Strided { offset: 0, stride: d_v }, nh);
     t("attn_gate.weight")?.matvec(gpu, p, &s.h, 0, &s.gate_logits, 0);
     mla::head_gate(gpu, p, &s.heads_out, &s.gate_logits, nh, d_v);
-    t("attn_output.weight")?.matvec(gpu, p, &s.heads_out, 0, &s.attn_out, 0);
+    // the residual: x += W_o·o
+    t("attn_output.weight")?.matvec_add(gpu, p, &s.heads_out, 0, &s.x, 0);
     Ok(())
 }
 

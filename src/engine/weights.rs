@@ -53,6 +53,13 @@ impl GpuTensor {
             matvec::matvec(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32);
         }
     }
+    /// y[y_at + r] += (W·x)[r] for all rows (a residual added by the product itself), one dispatch per piece.
+    pub fn matvec_add(&self, gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
+        for p in &self.pieces {
+            let m = Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 };
+            matvec::matvec_add(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32);
+        }
+    }
     /// For each of `tokens` tokens t: `y[y_at.offset + t·y_at.stride + r] = (W·x_t)[r]`, x_t at `x_at`; one
     /// dispatch per piece.
     #[allow(clippy::too_many_arguments)]

@@ -155,6 +155,12 @@ pub fn matvec(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu:
     batched(gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1);
 }
 
+/// y[y.offset + r] += Σ_i W[r, i]·x[x.offset + i] for every row r: a product and the residual add after it in
+/// one dispatch (y must not overlap x).
+pub fn matvec_add(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
+    dense(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, true);
+}
+
 /// `n` products: matrix b at `m.byte_offset + b·w_stride` bytes, its x and y at their strided offsets.
 #[allow(clippy::too_many_arguments)]
 pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
@@ -164,10 +170,15 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
 /// [`batched`] with a given kernel variant.
 #[allow(clippy::too_many_arguments)]
 pub fn batched_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
+    dense(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, false);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dense(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let x4 = x_as_vec4(v, x, x_at);
     let kernel = kernel(gpu, v, x4, false);
-    let params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0]);
+    let params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0], accumulate);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n));
 }
@@ -196,7 +207,7 @@ pub fn experts_as(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: M
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let x4 = x_as_vec4(v, x, x_at);
     let kernel = kernel(gpu, v, x4, true);
-    let params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index]);
+    let params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index], false);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, k));
 }
@@ -219,7 +230,8 @@ fn workgroups(m: Matrix, v: Variant) -> u32 {
     m.rows.div_ceil(WORKGROUP / lanes(m, v) * v.rows)
 }
 
-fn params(m: Matrix, v: Variant, w_offset: u64, w_stride: u64, x_at: Strided, y_at: Strided, experts: [u32; 4]) -> Vec<P> {
+#[allow(clippy::too_many_arguments)]
+fn params(m: Matrix, v: Variant, w_offset: u64, w_stride: u64, x_at: Strided, y_at: Strided, experts: [u32; 4], accumulate: bool) -> Vec<P> {
     assert!(w_offset < u32::MAX as u64 && w_stride < u32::MAX as u64, "one binding is at most 4 GiB");
     // the Q4_K and Q6_K paths read whole words: Q4_K rows must start on a word, Q6_K rows on an even byte
     let align = match m.ty {
@@ -243,5 +255,6 @@ fn params(m: Matrix, v: Variant, w_offset: u64, w_stride: u64, x_at: Strided, y_
     ];
     p.extend(experts.iter().map(|&v| P::U(v)));
     p.push(P::U(lanes(m, v)));
+    p.push(P::U(accumulate as u32));
     p
 }

@@ -216,7 +216,7 @@ pub fn score_floats(n_head: usize, n_ctx: usize, chunk: usize, max_binding: u64)
 #[allow(clippy::too_many_arguments)]
 pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, scores: &wgpu::Buffer, slices_scratch: Option<&wgpu::Buffer>, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32) {
     use super::matmul::{self, Rows};
-    use super::matvec::Matrix;
+    use super::matvec::{Matrix, Strided};
     assert!(tokens >= 1);
     let width = rank + rope_dim;
     if width % 32 != 0 || rank % 32 != 0 {
@@ -240,7 +240,14 @@ pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, c
         let (slices, slice_cols) = value_slices(n_rows, queries, rank, capacity, slice_capacity, cache_capacity);
         let cols = slices * slice_cols;
         let rows_of_cache = Matrix { ty: crate::quant::GgmlType::F32, rows: n_rows, cols: width, byte_offset: 0 };
-        matmul::matmul(gpu, pass, cache, rows_of_cache, queries, q_abs, Rows::new(t0 * n_head * width, width), scores, Rows::new(0, cols));
+        if queries <= FEW_QUERIES {
+            // a decode step: the few queries would give the product a handful of tiles (3 workgroups at 128 rows);
+            // as one matrix-vector product per query, it has workgroups over every row of every query
+            let (x_at, y_at) = (Strided { offset: t0 * n_head * width, stride: width }, Strided { offset: 0, stride: cols });
+            super::matvec::batched(gpu, pass, cache, rows_of_cache, 0, q_abs, x_at, scores, y_at, queries);
+        } else {
+            matmul::matmul(gpu, pass, cache, rows_of_cache, queries, q_abs, Rows::new(t0 * n_head * width, width), scores, Rows::new(0, cols));
+        }
         let params = [P::U(pos + t0), P::U(n_head), P::F(scale), P::U(cols), P::U(queries)];
         pass.dispatch(gpu, &softmax, &[scores], &params, queries);
         let out_at = t0 * n_head * rank;
@@ -255,6 +262,9 @@ pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, c
         }
     }
 }
+
+/// Queries (tokens × heads) up to this score by matrix-vector products and slice the value product.
+const FEW_QUERIES: u32 = 64;
 
 /// Slices at most for the value product's columns; past ~128 workgroups a large GPU is full.
 const MAX_VALUE_SLICES: u32 = 16;
@@ -271,7 +281,7 @@ pub fn value_slice_floats(n_head: usize, rank: usize) -> usize {
 fn value_slices(n_rows: u32, queries: u32, rank: u32, capacity: u32, slice_capacity: u32, cache_rows: u32) -> (u32, u32) {
     let steps = n_rows.div_ceil(32);
     let whole = (1, steps * 32);
-    if queries > 64 {
+    if queries > FEW_QUERIES {
         return whole;
     }
     let mut slices = MAX_VALUE_SLICES.min(steps);

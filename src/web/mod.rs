@@ -600,7 +600,7 @@ impl Engine {
             let mode = if engine.is_streaming() { format!("pool {}", engine.stats().pool_slots) } else { "resident".to_string() };
             let mut rows = Vec::new();
             let measured = async {
-                let bandwidth = crate::engine::bench::read_bandwidth(&engine.gpu, 256 << 20, 10).await?;
+                let bandwidth = crate::engine::bench::read_bandwidth(&engine.gpu, 256 << 20, 10, 3).await?;
                 crate::engine::bench::run(engine, &mode, &plan, Some(bandwidth), &mut rows).await?;
                 Ok::<f64, String>(bandwidth)
             }

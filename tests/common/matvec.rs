@@ -65,6 +65,34 @@ pub async fn matvec_every_type_matches_reference(gpu: &Gpu) {
     }
 }
 
+/// A product added to y (the residual adds of a decode step): exactly y + the plain product's output, for the
+/// types the trunk's output products have; the rows before y_at keep their values.
+pub async fn matvec_add_adds_the_product_to_y(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    let rows = 70;
+    for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 160), (GgmlType::F32, 96)] {
+        let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+        let w_buf = gpu.upload("w", &bytes);
+        let x = rng.normals(cols, 1.0);
+        let x_buf = gpu.upload("x", &f32_bytes(&x));
+        let y0 = rng.normals(rows + 3, 1.0);
+        let plain = poisoned(gpu, "plain", rows + 3);
+        let added = gpu.upload("added", &f32_bytes(&y0));
+        let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
+        let mut pass = Pass::new();
+        matvec::matvec(gpu, &mut pass, &w_buf, m, &x_buf, 0, &plain, 3);
+        matvec::matvec_add(gpu, &mut pass, &w_buf, m, &x_buf, 0, &added, 3);
+        pass.submit(gpu);
+        let (plain, added) = (read_f32(gpu, &plain, rows + 3).await, read_f32(gpu, &added, rows + 3).await);
+        check(&format!("{ty}×{cols} (seed {seed})"), &plain[3..], &w, &x, rows, cols);
+        assert_eq!(added[..3], y0[..3], "{ty}: wrote before y_at");
+        for r in 0..rows {
+            assert_eq!(added[3 + r], y0[3 + r] + plain[3 + r], "{ty}×{cols} row {r}: y + W·x (seed {seed})");
+        }
+    }
+}
+
 /// Per-head products like MLA's absorbed k_b: matrix b at a byte stride, x and y strided.
 pub async fn batched_matvec_matches_reference(gpu: &Gpu) {
     let seed = Rand::test_seed();
