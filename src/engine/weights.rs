@@ -48,26 +48,23 @@ impl GpuTensor {
     }
     /// y[y_at + r] = (W·x)[r] for all rows, one dispatch per piece.
     pub fn matvec(&self, gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
-        for p in &self.pieces {
-            let m = Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 };
-            matvec::matvec(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32);
-        }
+        self.per_piece(|p, m| matvec::matvec(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32));
     }
     /// y[y_at + r] += (W·x)[r] for all rows (a residual added by the product itself), one dispatch per piece.
     pub fn matvec_add(&self, gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
+        self.per_piece(|p, m| matvec::matvec_add(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32));
+    }
+    /// Each piece with its rows as a matrix from the piece's start.
+    fn per_piece(&self, mut each: impl FnMut(&Piece, Matrix)) {
         for p in &self.pieces {
-            let m = Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 };
-            matvec::matvec_add(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32);
+            each(p, Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 });
         }
     }
     /// For each of `tokens` tokens t: `y[y_at.offset + t·y_at.stride + r] = (W·x_t)[r]`, x_t at `x_at`; one
     /// dispatch per piece.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(&self, gpu: &Gpu, pass: &mut Pass, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows) {
-        for p in &self.pieces {
-            let m = Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 };
-            matmul::matmul(gpu, pass, &p.buffer, m, tokens, x, x_at, y, Rows::new(y_at.offset + p.first_row as u32, y_at.stride));
-        }
+        self.per_piece(|p, m| matmul::matmul(gpu, pass, &p.buffer, m, tokens, x, x_at, y, Rows::new(y_at.offset + p.first_row as u32, y_at.stride)));
     }
 }
 

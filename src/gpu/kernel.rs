@@ -51,10 +51,17 @@ pub struct KernelTime {
 impl Gpu {
     /// The kernel `entry` of WGSL `source` (compiled on first use; `label` names the source for errors).
     pub fn kernel(&self, label: &str, source: &str, entry: &str) -> Rc<Kernel> {
+        self.kernel_with(label, entry, || source)
+    }
+
+    /// [`Gpu::kernel`] with the source made only when the kernel is not built yet (sources assembled from
+    /// variants, looked up on every dispatch otherwise).
+    pub fn kernel_with<'s>(&self, label: &str, entry: &str, source: impl FnOnce() -> &'s str) -> Rc<Kernel> {
         let key = (label.to_string(), entry.to_string());
         if let Some(k) = self.kernels.kernels.borrow().get(&key) {
             return k.clone();
         }
+        let source = source();
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(label),
             source: wgpu::ShaderSource::Wgsl(source.into()),

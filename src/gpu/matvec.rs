@@ -73,10 +73,11 @@ fn source(v: Variant, x4: bool, subgroup: u32, experts: bool) -> &'static str {
     static S: OnceLock<Mutex<HashMap<SourceKey, &'static str>>> = OnceLock::new();
     let mut sources = S.get_or_init(Default::default).lock().unwrap();
     sources.entry((v, x4, subgroup, experts)).or_insert_with(|| {
-        let mut m = MATVEC.to_string();
+        let core = &MATVEC[..MATVEC.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
+        let mut s = if experts { format!("{QUANT}{core}{EXPERTS}") } else { format!("{QUANT}{MATVEC}") };
         let mut swap = |from: &str, to: &str| {
-            assert!(m.contains(from), "matvec.wgsl has {from:?}");
-            m = m.replacen(from, to, 1);
+            assert!(s.contains(from), "matvec.wgsl has {from:?}");
+            s = s.replacen(from, to, 1);
         };
         swap("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows));
         swap("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic));
@@ -89,12 +90,7 @@ fn source(v: Variant, x4: bool, subgroup: u32, experts: bool) -> &'static str {
                 swap(from, to);
             }
         }
-        let core = &m[..m.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
-        let mut out = format!("{QUANT}{}", if experts { format!("{core}{EXPERTS}") } else { m.clone() });
-        if experts && x4 {
-            out = out.replacen(X_SCALAR[0], X_VEC4[0], 1);
-        }
-        Box::leak(out.into_boxed_str())
+        Box::leak(s.into_boxed_str())
     })
 }
 
@@ -114,7 +110,7 @@ fn kernel(gpu: &Gpu, v: Variant, x4: bool, experts: bool) -> std::rc::Rc<super::
     let subgroup = gpu.subgroup_lanes().unwrap_or(1);
     let name = if experts { "matvec_experts" } else { "matvec" };
     let label = format!("{name}.wgsl {}{}{}", v.name(), if x4 { " x4" } else { "" }, if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
-    gpu.kernel(&label, source(v, x4, subgroup, experts), name)
+    gpu.kernel_with(&label, name, || source(v, x4, subgroup, experts))
 }
 
 /// Whether x can be bound as vec4: every offset a multiple of 4 floats and the buffer whole vec4s.
@@ -157,6 +153,7 @@ pub fn matvec(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu:
 
 /// y[y.offset + r] += Σ_i W[r, i]·x[x.offset + i] for every row r: a product and the residual add after it in
 /// one dispatch (y must not overlap x).
+#[allow(clippy::too_many_arguments)]
 pub fn matvec_add(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
     dense(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, true);
 }
