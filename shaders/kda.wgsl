@@ -65,8 +65,10 @@ struct GateParams {
     n_head: u32,
     head_dim: u32,
     lower_bound: f32,
-    // token t (grid z): fa at t·D, β logits at t·n_head, outputs at t·(D + n_head)
+    // token t (grid z): fa at fa_offset + t·D, β logits at beta_offset + t·n_head, outputs at t·(D + n_head)
     tokens: u32,
+    fa_offset: u32,
+    beta_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> gate_fa: array<f32>;
@@ -92,10 +94,10 @@ fn kda_gates(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg
     if (t >= gate_params.tokens) { return; }
     if (c < dim) {
         let a = gate_a[c / gate_params.head_dim];
-        store_gate(t, c, gate_params.lower_bound * sigmoid(a * (gate_fa[t * dim + c] + gate_dt_bias[c])));
+        store_gate(t, c, gate_params.lower_bound * sigmoid(a * (gate_fa[gate_params.fa_offset + t * dim + c] + gate_dt_bias[c])));
     }
     if (c < gate_params.n_head) {
-        store_gate(t, dim + c, sigmoid(gate_beta_logits[t * gate_params.n_head + c]));
+        store_gate(t, dim + c, sigmoid(gate_beta_logits[gate_params.beta_offset + t * gate_params.n_head + c]));
     }
 }
 
@@ -225,6 +227,8 @@ struct NormGateParams {
     n_head: u32,
     head_dim: u32,
     eps: f32,
+    // z[i] at norm_z[z_offset + i]
+    z_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> norm_o: array<f32>;
@@ -247,7 +251,149 @@ fn kda_head_norm_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     tree_sum_a(lid);
     let inv_rms = 1.0 / sqrt(sum_a[0] / f32(d) + norm_params.eps);
     if (lid < d && i < norm_params.n_head * d && i < arrayLength(&norm_y)) {
-        norm_y[i] = o * inv_rms * norm_w[lid] * sigmoid(norm_z[i]);
+        norm_y[i] = o * inv_rms * norm_w[lid] * sigmoid(norm_z[norm_params.z_offset + i]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// kda_step: a decode token's whole KDA core, one workgroup per head: the conv (with SiLU) of the head's q, k and
+// v channels, its forget gate and β, the delta rule, and its RMSNorm with the output gate. The same arithmetic
+// as kda_conv, kda_gates, kda_delta and kda_head_norm_gate in turn, in one dispatch instead of four (a dispatch
+// costs more than this work).
+
+struct StepParams {
+    n_head: u32,
+    head_dim: u32,
+    kernel_size: u32,
+    eps: f32,
+    lower_bound: f32,
+    // in step_in (floats): q|k|v pre-conv at 0 (3·D, head-major each), then f_a, the β logits and z from these
+    fa_offset: u32,
+    beta_offset: u32,
+    z_offset: u32,
+    // in step_consts: the conv taps at 0 (K per channel of q|k|v, oldest first), then dt_bias (D), ssm_a
+    // (n_head) and ssm_norm (head_dim) from these
+    dt_offset: u32,
+    a_offset: u32,
+    norm_offset: u32,
+}
+
+@group(0) @binding(0) var<storage, read> step_in: array<f32>;
+@group(0) @binding(1) var<storage, read> step_consts: array<f32>;
+@group(0) @binding(2) var<storage, read_write> step_conv: array<f32>;
+@group(0) @binding(3) var<storage, read_write> step_state: array<f32>;
+@group(0) @binding(4) var<storage, read_write> step_out: array<f32>;
+@group(0) @binding(5) var<uniform> step_params: StepParams;
+
+var<workgroup> v_in: array<f32, WORKGROUP>;
+
+fn store_step_conv(i: u32, value: f32) {
+    if (i < 3u * step_params.n_head * step_params.head_dim * (step_params.kernel_size - 1u) && i < arrayLength(&step_conv)) {
+        step_conv[i] = value;
+    }
+}
+
+fn store_step_state(i: u32, value: f32) {
+    let d = step_params.head_dim;
+    if (i < step_params.n_head * d * d && i < arrayLength(&step_state)) {
+        step_state[i] = value;
+    }
+}
+
+// kda_conv for channel c of q|k|v: the output, and the channel's conv state moved on by the input.
+fn step_conv_channel(c: u32) -> f32 {
+    let past_len = step_params.kernel_size - 1u;
+    let state_base = past_len * c;
+    let w_base = step_params.kernel_size * c;
+    let x = step_in[c];
+    var acc = 0.0;
+    for (var i = 0u; i < past_len; i++) {
+        let past = step_conv[state_base + i];
+        acc += step_consts[w_base + i] * past;
+        if (i > 0u) { store_step_conv(state_base + i - 1u, past); }
+    }
+    acc += step_consts[w_base + past_len] * x;
+    store_step_conv(state_base + past_len - 1u, x);
+    return acc / (1.0 + exp(-acc));
+}
+
+@compute @workgroup_size(256)
+fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let h = workgroup_index(wg, n_wg);
+    if (h >= step_params.n_head) { return; }
+    let d = step_params.head_dim;
+    let dim = step_params.n_head * d;
+    let head_base = h * d;
+
+    // the conv of this head's channels, the decay e^g per key index (kda_gates' g), and β
+    var q = 0.0;
+    var k = 0.0;
+    if (lid < d) {
+        let c = head_base + lid;
+        q = step_conv_channel(c);
+        k = step_conv_channel(dim + c);
+        v_in[lid] = step_conv_channel(2u * dim + c);
+        let a = step_consts[step_params.a_offset + h];
+        let g = step_params.lower_bound * sigmoid(a * (step_in[step_params.fa_offset + c] + step_consts[step_params.dt_offset + c]));
+        decay[lid] = exp(g);
+    }
+    let beta = sigmoid(step_in[step_params.beta_offset + h]);
+
+    // from here on kda_delta: L2 norms of q and k, then the state update
+    sum_a[lid] = q * q;
+    sum_b[lid] = k * k;
+    workgroupBarrier();
+    tree_sum_ab(lid);
+    q_hat[lid] = q * (1.0 / max(sqrt(sum_a[0]), step_params.eps));
+    k_hat[lid] = k * (1.0 / max(sqrt(sum_b[0]), step_params.eps));
+    workgroupBarrier();
+
+    let parts = max(1u, WORKGROUP / d);
+    let j = lid % d;
+    let part = lid / d;
+    let span = (d + parts - 1u) / parts;
+    let i_begin = min(d, part * span);
+    let i_end = min(d, i_begin + span);
+    let column = (head_base + j) * d;
+
+    var u_part = 0.0;
+    for (var i = i_begin; i < i_end; i++) {
+        let s = step_state[column + i] * decay[i];
+        store_step_state(column + i, s);
+        u_part += s * k_hat[i];
+    }
+    sum_a[lid] = u_part;
+    workgroupBarrier();
+    var u = 0.0;
+    for (var p = 0u; p < parts; p++) { u += sum_a[p * d + j]; }
+    let delta = beta * (v_in[j] - u);
+
+    var o_part = 0.0;
+    for (var i = i_begin; i < i_end; i++) {
+        let s = step_state[column + i] + k_hat[i] * delta;
+        store_step_state(column + i, s);
+        o_part += s * q_hat[i];
+    }
+    workgroupBarrier(); // every lane has read the u partials
+    sum_a[lid] = o_part;
+    workgroupBarrier();
+    var o = 0.0;
+    if (lid < d) {
+        for (var p = 0u; p < parts; p++) { o += sum_a[p * d + j]; }
+        o = o * (1.0 / sqrt(f32(d)));
+    }
+    workgroupBarrier(); // every lane has read the o partials
+
+    // kda_head_norm_gate
+    sum_a[lid] = o * o;
+    workgroupBarrier();
+    tree_sum_a(lid);
+    let inv_rms = 1.0 / sqrt(sum_a[0] / f32(d) + step_params.eps);
+    let out = head_base + lid;
+    if (lid < d && out < dim && out < arrayLength(&step_out)) {
+        let z = step_in[step_params.z_offset + out];
+        step_out[out] = o * inv_rms * step_consts[step_params.norm_offset + lid] * sigmoid(z);
     }
 }
 

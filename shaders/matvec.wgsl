@@ -30,6 +30,12 @@ struct Params {
     lanes: u32,
     // 1: y[r] += the product (a residual added in the same pass, one dispatch fewer); 0: y[r] = it
     accumulate: u32,
+    // Stacked matrices (several that read the same x, rows back to back in one buffer, one dispatch for all):
+    // rows from starts[s] on are segment s's: row starts[s] + i goes to y_at + ys[s] + i (y_at: y_offset, plus
+    // the batch's stride). 0 segments: row r goes to y_at + r.
+    segments: u32,
+    starts: array<vec4<u32>, 2>,
+    ys: array<vec4<u32>, 2>,
 }
 
 const WG: u32 = 256u;
@@ -211,12 +217,22 @@ fn store(i: u32, v: f32) {
     if (i < arrayLength(&y)) { y[i] = select(v, y[i] + v, p.accumulate != 0u); }
 }
 
+// Where row `row` of the product goes: y_at + row, or its segment's place in y for stacked matrices.
+fn y_index(y_at: u32, row: u32) -> u32 {
+    var at = y_at + row;
+    for (var s = 0u; s < min(p.segments, 8u); s++) {
+        let start = p.starts[s / 4u][s % 4u];
+        if (row >= start) { at = y_at + p.ys[s / 4u][s % 4u] + (row - start); }
+    }
+    return at;
+}
+
 // Lane 0 of each group writes its rows that exist.
 fn store_rows(first: u32, lid: u32, y_at: u32, sums: array<f32, ROWS>) {
     if (lid % p.lanes != 0u) { return; }
     let row0 = first + ROWS * (lid / p.lanes);
     for (var r = 0u; r < ROWS; r++) {
-        if (row0 + r < p.rows) { store(y_at + row0 + r, sums[r]); }
+        if (row0 + r < p.rows) { store(y_index(y_at, row0 + r), sums[r]); }
     }
 }
 

@@ -49,8 +49,9 @@ struct KvRowParams {
     rope_dim: u32,
     eps: f32,
     rope_step: f32,
-    // tokens (one workgroup each): token t's kv at t·(rank + rope_dim), written to row pos + t
+    // tokens (one workgroup each): token t's kv at kv_offset + t·(rank + rope_dim), written to row pos + t
     tokens: u32,
+    kv_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> kv: array<f32>;
@@ -74,7 +75,7 @@ fn mla_kv_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_w
     let token = wg.x + wg.y * n_wg.x;
     if (token >= kv_params.tokens) { return; }
     let rank = kv_params.rank;
-    let kv_at = token * (rank + kv_params.rope_dim);
+    let kv_at = kv_params.kv_offset + token * (rank + kv_params.rope_dim);
     let pos = kv_params.pos + token;
     var sum_sq = 0.0;
     for (var i = lid; i < rank; i += 256u) {
@@ -368,11 +369,12 @@ fn mla_softmax_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
     }
 }
 
-// ── mla_head_gate: o[h·d_v + a] *= σ(gate_logits[h]) ──
+// ── mla_head_gate: o[h·d_v + a] *= σ(gate_logits[gate_offset + h]) ──
 
 struct HeadGateParams {
     n_head: u32,
     d_v: u32,
+    gate_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> gate_o: array<f32>;
@@ -384,7 +386,7 @@ fn mla_head_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
                  @builtin(local_invocation_index) lid: u32) {
     let i = (wg.x + wg.y * n_wg.x) * 256u + lid;
     if (i < gate_params.n_head * gate_params.d_v && i < arrayLength(&gate_o)) {
-        gate_o[i] *= 1.0 / (1.0 + exp(-gate_logits[i / gate_params.d_v]));
+        gate_o[i] *= 1.0 / (1.0 + exp(-gate_logits[gate_params.gate_offset + i / gate_params.d_v]));
     }
 }
 

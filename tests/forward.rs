@@ -53,6 +53,34 @@ fn forced_small_binding_limit_gives_the_same_logits() {
     }
 }
 
+/// The matrices that read the same input computed as stacks (one dispatch per type) or one by one: the same
+/// logits, bit for bit (each row's sum is the same arithmetic either way), and fewer dispatches stacked.
+#[test]
+fn stacked_and_separate_products_give_the_same_logits() {
+    let tokens = [2949u32, 3536, 786, 0, 571, 2730];
+    let mut stacked = engine(&EngineOptions::default());
+    let mut separate = engine(&EngineOptions { stack_products: Some(false), ..Default::default() });
+    // every layer's attention inputs and its SwiGLU have a stack each (two where types differ), none when off
+    let groups = 2 * stacked.config.n_layer;
+    assert!(stacked.stack_count() >= groups, "{} stacks for {groups} groups", stacked.stack_count());
+    assert_eq!(separate.stack_count(), 0);
+    let mut dispatches = [0u64; 2];
+    for &t in &tokens {
+        let logits: Vec<Vec<f32>> = [&mut stacked, &mut separate]
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let before = e.gpu.counters().dispatches;
+                let logits = pollster::block_on(e.step(t)).unwrap();
+                dispatches[i] += e.gpu.counters().dispatches - before;
+                logits
+            })
+            .collect();
+        assert_eq!(logits[0], logits[1], "token {t}");
+    }
+    assert!(dispatches[0] < dispatches[1], "stacked {} vs separate {} dispatches", dispatches[0], dispatches[1]);
+}
+
 /// The parts of a make-tiny model rewritten with edited metadata and without the tensor `drop`.
 fn rewritten(edit: impl Fn(&mut Vec<(String, Value)>), drop: Option<&str>) -> Vec<MemorySource> {
     let mut options = TinyOptions::tiny(9);

@@ -37,6 +37,11 @@ fn matvec_without_subgroups_matches_reference() {
 }
 
 #[test]
+fn stacked_matvec_matches_each_product() {
+    pollster::block_on(common::matvec::stacked_matvec_matches_each_product(&gpu()));
+}
+
+#[test]
 fn batched_matvec_matches_reference() {
     pollster::block_on(common::matvec::batched_matvec_matches_reference(&gpu()));
 }
@@ -64,6 +69,11 @@ fn grouped_expert_matmul_reads_each_pairs_expert() {
 #[test]
 fn rms_norm_and_argmax_match_reference() {
     pollster::block_on(common::matvec::rms_norm_and_argmax_match_reference(&gpu()));
+}
+
+#[test]
+fn kda_step_matches_the_four_references() {
+    pollster::block_on(common::kda::kda_step_matches_the_four_references(&gpu()));
 }
 
 #[test]

@@ -52,6 +52,11 @@ async fn kda_head_norm_gate_matches_cpu_reference() {
 }
 
 #[wasm_bindgen_test]
+async fn kda_step_matches_the_four_references() {
+    common::kda::kda_step_matches_the_four_references(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn mla_kv_row_matches_reference() {
     common::mla_moe::mla_kv_row_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }
@@ -192,6 +197,11 @@ async fn matvec_every_type_matches_reference() {
 #[wasm_bindgen_test]
 async fn matvec_add_adds_the_product_to_y() {
     common::matvec::matvec_add_adds_the_product_to_y(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
+async fn stacked_matvec_matches_each_product() {
+    common::matvec::stacked_matvec_matches_each_product(&Gpu::new().await.expect("WebGPU adapter")).await;
 }
 
 #[wasm_bindgen_test]

@@ -49,11 +49,18 @@ pub struct BenchArgs {
     /// Reductions through workgroup memory only, even where the device has subgroup operations
     #[arg(long)]
     pub no_subgroups: bool,
+    /// One product per matrix for the matrices of a layer that read the same input, instead of one per stack
+    #[arg(long)]
+    pub no_stacks: bool,
+    /// Submit a decode step every N layers (0: the whole step in one submission)
+    #[arg(long, default_value_t = 2)]
+    pub layers_per_submit: usize,
 }
 
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
     crate::gpu::matmul::set_big_tiles(!args.no_big_tiles);
     crate::gpu::kernel::set_bind_cache(!args.no_bind_cache);
+    crate::engine::set_layers_per_submit(args.layers_per_submit);
     let prompts: Vec<usize> = list("--prompts", &args.prompts)?;
     let pools: Vec<f64> = list("--pools", &args.pools)?;
     let mut chunks: Vec<usize> = vec![1];
@@ -66,7 +73,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
         }
     }
     let longest = prompts.iter().max().copied().unwrap_or(0) + args.decode;
-    let options = EngineOptions { n_ctx: Some(options.n_ctx.unwrap_or(0).max(longest)), ..options.clone() };
+    let options = EngineOptions { n_ctx: Some(options.n_ctx.unwrap_or(0).max(longest)), stack_products: Some(!args.no_stacks), ..options.clone() };
     let plan = BenchPlan { prompts, decode: args.decode, chunks, seed: args.seed };
     let mut rows: Vec<BenchRow> = Vec::new();
     let mut bandwidth = None;
@@ -114,7 +121,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
     if args.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "bandwidthGBs": bandwidth, "rows": rows })).unwrap());
     } else if args.profile {
-        print!("{}", bench::profile_table(&rows, 10));
+        print!("{}", bench::profile_table(&rows, 40));
     }
     Ok(())
 }
@@ -233,6 +240,8 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
             ("dispatch floor 256→1 Q4_K", GgmlType::Q4_K, 1u32, 256u32),
             ("head 2560→157184 Q6_K", GgmlType::Q6_K, 157184, 2560),
             ("attn_q 2560→4096 Q4_K", GgmlType::Q4_K, 4096, 2560),
+            ("KDA in (stack) 2560→20512 Q4_K", GgmlType::Q4_K, 20512, 2560),
+            ("shexp gate|up (stack) 2560→1536 Q4_K", GgmlType::Q4_K, 1536, 2560),
             ("attn_output 4096→2560 Q4_K", GgmlType::Q4_K, 2560, 4096),
             ("shared down 768→2560 Q6_K", GgmlType::Q6_K, 2560, 768),
         ];

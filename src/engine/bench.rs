@@ -42,6 +42,11 @@ pub struct BenchRow {
     pub syncs_per_token: f64,
     pub dispatches_per_token: f64,
     pub submits_per_token: f64,
+    /// CPU time per token spent encoding and submitting the recorded dispatches (bind groups, command buffers).
+    pub encode_ms_per_token: f64,
+    /// Time per token the CPU waited in readbacks for the GPU; ms_per_token less this is CPU time the GPU
+    /// did not overlap (recording, encoding, the expert cache, store reads).
+    pub wait_ms_per_token: f64,
     pub mb_read_per_token: f64,
     pub mb_uploaded_per_token: f64,
     pub hit_rate: f64,
@@ -96,6 +101,8 @@ fn row(engine: &Engine, mode: &str, phase: &str, prompt: usize, chunk: usize, to
         syncs_per_token: (c.readbacks - since.gpu.readbacks) as f64 / n,
         dispatches_per_token: (c.dispatches - since.gpu.dispatches) as f64 / n,
         submits_per_token: (c.submits - since.gpu.submits) as f64 / n,
+        encode_ms_per_token: 1e3 * (c.encode_s - since.gpu.encode_s) / n,
+        wait_ms_per_token: 1e3 * (c.wait_s - since.gpu.wait_s) / n,
         mb_read_per_token: s.bytes_read as f64 / n / 1e6,
         mb_uploaded_per_token: s.bytes_uploaded as f64 / n / 1e6,
         hit_rate: s.hit_rate(),
@@ -199,13 +206,13 @@ pub async fn read_bandwidth(gpu: &Gpu, max_bytes: u64, reps: u32, rounds: u32) -
 /// The rows as a fixed-width table.
 pub fn table(rows: &[BenchRow]) -> String {
     let mut out = format!(
-        "{:<12} {:<8} {:>6} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>7} {:>8} {:>8} {:>8} {:>6}\n",
-        "mode", "phase", "prompt", "chunk", "tok/s", "ms/tok", "µs/tok/L", "speedup", "syncs", "submits", "dispatch", "MB rd", "MB up", "hit %", "floor ms", "×floor"
+        "{:<12} {:<8} {:>6} {:>5} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6}\n",
+        "mode", "phase", "prompt", "chunk", "tok/s", "ms/tok", "µs/tok/L", "speedup", "syncs", "submits", "dispatch", "enc ms", "wait ms", "MB rd", "MB up", "hit %", "floor ms", "×floor"
     );
     let opt = |v: Option<f64>, digits: usize| v.map(|v| format!("{v:.digits$}")).unwrap_or_else(|| "-".into());
     for r in rows {
         out += &format!(
-            "{:<12} {:<8} {:>6} {:>5} {:>9.1} {:>9.3} {:>9.1} {:>8} {:>7.2} {:>7.2} {:>9.1} {:>7.2} {:>8.2} {:>8.1} {:>8} {:>6}\n",
+            "{:<12} {:<8} {:>6} {:>5} {:>9.1} {:>9.3} {:>9.1} {:>8} {:>7.2} {:>7.2} {:>9.1} {:>7.3} {:>7.3} {:>7.2} {:>8.2} {:>8.1} {:>8} {:>6}\n",
             r.mode,
             r.phase,
             r.prompt,
@@ -217,6 +224,8 @@ pub fn table(rows: &[BenchRow]) -> String {
             r.syncs_per_token,
             r.submits_per_token,
             r.dispatches_per_token,
+            r.encode_ms_per_token,
+            r.wait_ms_per_token,
             r.mb_read_per_token,
             r.mb_uploaded_per_token,
             100.0 * r.hit_rate,

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cache;
 mod forward;
+pub use forward::set_layers_per_submit;
 pub mod pool;
 mod prefill;
 pub mod weights;
@@ -47,6 +48,10 @@ pub struct EngineOptions {
     /// Tokens the prefill runs layer by layer at once (a streamed MoE layer reads each expert they select once);
     /// default [`DEFAULT_PREFILL_SPAN`], at least the chunk.
     pub prefill_span: Option<usize>,
+    /// Whether a decode step computes the matrices of a layer that read the same input (a KDA layer's six
+    /// projections, a SwiGLU's gate and up) as one product per type, stacked in one buffer at load (default);
+    /// false: one product per matrix (`lingtab bench --no-stacks`, to compare; and to test both ways).
+    pub stack_products: Option<bool>,
 }
 
 pub use prefill::{DEFAULT_CHUNK as DEFAULT_PREFILL_CHUNK, DEFAULT_SPAN as DEFAULT_PREFILL_SPAN};
@@ -181,7 +186,7 @@ impl Plan {
 impl Engine {
     /// Dense weights, states and the prefill's scratch (the pool is the caller's).
     async fn load_dense<S: RangeSource>(gpu: &Gpu, plan: &Plan, model: &SplitModel, parts: &[S], checks: Option<&StoreChecks>, options: &EngineOptions) -> Result<(Weights, Dense), String> {
-        let weights = Weights::load(gpu, &plan.config, model, plan.max_binding, parts, checks).await?;
+        let weights = Weights::load(gpu, &plan.config, model, plan.max_binding, options.stack_products.unwrap_or(true), parts, checks).await?;
         let state = State::new(gpu, &plan.config, &weights, plan.n_ctx)?;
         let prefill = prefill::Prefill::for_options(gpu, &plan.config, options.prefill_chunk, options.prefill_span, plan.n_ctx, plan.max_binding);
         Ok((weights, Dense { state, prefill }))
@@ -282,6 +287,11 @@ impl Engine {
     }
 
     /// Counters of the expert cache and the steps so far.
+    /// How many stacked products a decode step runs per token ([`EngineOptions::stack_products`]).
+    pub fn stack_count(&self) -> usize {
+        self.weights.stack_count()
+    }
+
     pub fn stats(&self) -> &CacheStats {
         &self.stats
     }

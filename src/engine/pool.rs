@@ -226,7 +226,7 @@ impl StagingRing {
         }
         staging.buffer.unmap();
         gpu.queue.submit([encoder.finish()]);
-        gpu.count_submit(0);
+        gpu.count_submit(0, 0.0);
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.buffer.map_async(wgpu::MapMode::Write, .., move |r| {
             let _ = tx.send(r);

@@ -248,7 +248,7 @@ pub async fn run_span(s: &Span<'_>, pool: &mut ExpertPool, experts: &mut Experts
             let pass = &mut pass;
             norm::rms_norm_rows(gpu, pass, &p.x, at, hidden, t("attn_norm.weight")?.whole(), &p.h, at, hidden, hidden, eps, m as u32);
             match &s.state.layers[l] {
-                LayerState::Kda { conv, recurrent, conv_w } => kda_chunk(gpu, pass, c, &t, p, c0, m, conv, recurrent, conv_w)?,
+                LayerState::Kda { conv, recurrent, consts } => kda_chunk(gpu, pass, c, &t, p, c0, m, conv, recurrent, consts)?,
                 LayerState::Mla { cache } => mla_chunk(gpu, pass, c, &t, p, c0, m, cache, pos0 + c0 as u32)?,
             }
             moe::add_at(gpu, pass, &p.x, at, &p.attn_out, 0, m as u32 * hidden);
@@ -330,7 +330,7 @@ fn kda_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     kda::qk_norm_tokens(gpu, pass, &p.qkv, nh, hd, c.rms_eps, m32);
     kda::delta_tokens(gpu, pass, &p.qkv, &p.gb, recurrent, &p.o, nh, hd, m32);
     t("ssm_g_a.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.z, Rows::new(0, d));
-    kda::head_norm_gate(gpu, pass, &p.o, t("ssm_norm.weight")?.whole(), &p.z, &p.o_normed, m32 * nh, hd, c.rms_eps);
+    kda::head_norm_gate(gpu, pass, &p.o, t("ssm_norm.weight")?.whole(), &p.z, 0, &p.o_normed, m32 * nh, hd, c.rms_eps);
     t("attn_output.weight")?.matmul(gpu, pass, m32, &p.o_normed, Rows::new(0, d), &p.attn_out, Rows::new(0, hidden));
     Ok(())
 }
@@ -357,7 +357,7 @@ fn mla_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     let vb_stride = d_v as u64 * vb_m.row_bytes() as u64;
     matmul::batched(gpu, pass, vb.whole(), vb_m, vb_stride, nh, m32, &p.latent_mix, Rows::new(0, nh * rank), rank, &p.heads_out, Rows::new(0, nh * d_v), d_v);
     t("attn_gate.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.gate_logits, Rows::new(0, nh));
-    mla::head_gate(gpu, pass, &p.heads_out, &p.gate_logits, m32 * nh, d_v);
+    mla::head_gate(gpu, pass, &p.heads_out, &p.gate_logits, 0, m32 * nh, d_v);
     t("attn_output.weight")?.matmul(gpu, pass, m32, &p.heads_out, Rows::new(0, nh * d_v), &p.attn_out, Rows::new(0, hidden));
     Ok(())
 }

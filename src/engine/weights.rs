@@ -1,5 +1,9 @@
 //! Dense weights on the GPU, read straight from the GGUF bytes. A tensor larger than the adapter's binding
-//! limit is split into row ranges, each its own buffer, so no kernel ever binds more than allowed.
+//! limit is split into row ranges, each its own buffer, so no kernel ever binds more than allowed. The matrices
+//! of a layer that read the same input (a KDA layer's six projections, an MLA layer's three, a SwiGLU's gate
+//! and up) are uploaded
+//! into one buffer per type, rows back to back: a decode step computes each such stack in one dispatch
+//! ([`Weights::products`]), where a dispatch costs more than most of these products' reads.
 
 use crate::gguf::{SplitModel, SplitTensor};
 use crate::gpu::matmul::{self, Rows};
@@ -12,9 +16,11 @@ use crate::source::RangeSource;
 use crate::store::StoreChecks;
 use std::collections::HashMap;
 
-/// Rows [first_row, first_row + rows) of a tensor, in their own buffer.
+/// Rows [first_row, first_row + rows) of a tensor, in their own buffer from `byte_offset` on (0 but for a
+/// matrix uploaded into a stack).
 pub struct Piece {
     pub buffer: wgpu::Buffer,
+    pub byte_offset: u64,
     pub first_row: u64,
     pub rows: u64,
 }
@@ -39,12 +45,13 @@ impl GpuTensor {
     /// The buffer of a tensor that was not split (vectors, per-head matrices).
     pub fn whole(&self) -> &wgpu::Buffer {
         assert_eq!(self.pieces.len(), 1, "{} is split over {} buffers", self.name, self.pieces.len());
+        assert_eq!(self.pieces[0].byte_offset, 0, "{} is part of a stack", self.name);
         &self.pieces[0].buffer
     }
-    /// The piece holding `row`, and the row's byte offset inside it.
+    /// The piece holding `row`, and the row's byte offset inside its buffer.
     pub fn row(&self, row: u64) -> (&Piece, u64) {
         let piece = self.pieces.iter().find(|p| row >= p.first_row && row < p.first_row + p.rows).expect("row in range");
-        (piece, (row - piece.first_row) * self.row_bytes())
+        (piece, piece.byte_offset + (row - piece.first_row) * self.row_bytes())
     }
     /// y[y_at + r] = (W·x)[r] for all rows, one dispatch per piece.
     pub fn matvec(&self, gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
@@ -57,7 +64,7 @@ impl GpuTensor {
     /// Each piece with its rows as a matrix from the piece's start.
     fn per_piece(&self, mut each: impl FnMut(&Piece, Matrix)) {
         for p in &self.pieces {
-            each(p, Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: 0 });
+            each(p, Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: p.byte_offset });
         }
     }
     /// For each of `tokens` tokens t: `y[y_at.offset + t·y_at.stride + r] = (W·x_t)[r]`, x_t at `x_at`; one
@@ -68,9 +75,129 @@ impl GpuTensor {
     }
 }
 
+/// Matrices of one layer that read the same input, and where each one's rows go in the output vector.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputGroup {
+    /// Names the group's stacks (`blk.{l}.{kind}`).
+    pub key: String,
+    /// Tensor names and the output offset (in floats) of each one's rows.
+    pub members: Vec<(String, u32)>,
+}
+
+/// Floats of a KDA layer's projections of h, as [`kda_inputs`] lays them out: q|k|v (3·D, the conv's input),
+/// the forget-gate projection (D), the β logits (n_head), the output gate (D).
+pub fn kda_inputs_floats(c: &Config) -> usize {
+    5 * c.kda_dim() + c.n_head
+}
+
+/// Where f_a, the β logits and the output gate g_a start among a KDA layer's projections (after q|k|v).
+pub fn kda_input_offsets(c: &Config) -> (u32, u32, u32) {
+    let d = c.kda_dim() as u32;
+    (3 * d, 4 * d, 4 * d + c.n_head as u32)
+}
+
+/// A KDA layer's projections of h: q, k and v back to back (the conv reads them as one 3·D vector), then f_a,
+/// β and g_a ([`kda_inputs_floats`], [`kda_input_offsets`]).
+pub fn kda_inputs(c: &Config, l: usize) -> InputGroup {
+    let d = c.kda_dim() as u32;
+    let (fa, beta, z) = kda_input_offsets(c);
+    let at = [("attn_q", 0), ("attn_k", d), ("attn_v", 2 * d), ("ssm_f_a", fa), ("ssm_beta", beta), ("ssm_g_a", z)];
+    group(l, "kda_in", &at)
+}
+
+/// Floats of an MLA layer's projections of h, as [`mla_inputs`] lays them out.
+pub fn mla_inputs_floats(c: &Config) -> usize {
+    c.n_head * c.key_length_mla + c.kv_lora_rank + c.rope_dim + c.n_head
+}
+
+/// An MLA layer's projections of h: the query (n_head·d_qk), the latent kv (rank + rope_dim), the head gate's
+/// logits (n_head) ([`mla_inputs_floats`]).
+pub fn mla_inputs(c: &Config, l: usize) -> InputGroup {
+    let q = (c.n_head * c.key_length_mla) as u32;
+    let kv = (c.kv_lora_rank + c.rope_dim) as u32;
+    group(l, "mla_in", &[("attn_q", 0), ("attn_kv_a_mqa", q), ("attn_gate", q + kv)])
+}
+
+/// A SwiGLU's gate and up rows into one `2·ff` vector, gate first: the dense FFN, or the shared expert of a
+/// MoE layer.
+pub fn swiglu_inputs(c: &Config, l: usize) -> InputGroup {
+    if c.is_moe_layer(l) {
+        group(l, "shexp_in", &[("ffn_gate_shexp", 0), ("ffn_up_shexp", c.ff_shared as u32)])
+    } else {
+        group(l, "ffn_in", &[("ffn_gate", 0), ("ffn_up", c.ff_dense as u32)])
+    }
+}
+
+fn group(l: usize, kind: &str, at: &[(&str, u32)]) -> InputGroup {
+    InputGroup { key: format!("blk.{l}.{kind}"), members: at.iter().map(|(name, y)| (format!("blk.{l}.{name}.weight"), *y)).collect() }
+}
+
+/// The groups of layer `l` that a decode step computes by [`Weights::products`].
+fn input_groups(c: &Config, l: usize) -> Vec<InputGroup> {
+    let attention = match c.attention[l] {
+        crate::model::Attention::Kda => kda_inputs(c, l),
+        crate::model::Attention::Mla => mla_inputs(c, l),
+    };
+    vec![attention, swiglu_inputs(c, l)]
+}
+
+/// Stacked matrices of one type in one buffer ([`matvec::stacked`]).
+pub struct Stack {
+    pub buffer: wgpu::Buffer,
+    pub matrix: Matrix,
+    pub segments: Vec<matvec::Segment>,
+}
+
+/// Where each member of a planned stack goes: (tensor name, byte offset, first row).
+struct StackPlan {
+    key: String,
+    matrix: Matrix,
+    bytes: u64,
+    members: Vec<(String, u64, u32)>,
+    segments: Vec<matvec::Segment>,
+}
+
+/// The stacks for every group of every layer: the group's members split by type (all must exist, read
+/// `hidden` values and be whole blocks), each type's members in one stack if it fits `max_binding`; a group or
+/// type that cannot be stacked stays as separate tensors.
+fn plan_stacks(config: &Config, model: &SplitModel, max_binding: u64) -> Vec<StackPlan> {
+    let infos: HashMap<&str, &crate::gguf::TensorInfo> = model.tensors.iter().map(|t| (t.info.name.as_str(), &t.info)).collect();
+    let mut plans = Vec::new();
+    for l in 0..config.n_layer {
+        for g in input_groups(config, l) {
+            let Some(members) = g.members.iter().map(|(name, y)| infos.get(name.as_str()).map(|i| (*i, *y))).collect::<Option<Vec<_>>>() else { continue };
+            // each member whole words (the next one's rows start where its end), rows of `hidden` whole sub-blocks
+            if members.iter().any(|(i, _)| i.dims.len() != 2 || i.dims[0] != config.hidden as u64 || i.dims[0] % 32 != 0 || i.n_bytes() % 4 != 0) {
+                continue;
+            }
+            let mut types: Vec<GgmlType> = members.iter().map(|(i, _)| i.ty).collect();
+            types.dedup();
+            types.sort_by_key(|t| t.id());
+            types.dedup();
+            for ty in types {
+                let of_type: Vec<_> = members.iter().filter(|(i, _)| i.ty == ty).collect();
+                let mut plan = StackPlan { key: g.key.clone(), matrix: Matrix { ty, rows: 0, cols: config.hidden as u32, byte_offset: 0 }, bytes: 0, members: Vec::new(), segments: Vec::new() };
+                for (info, y) in of_type {
+                    plan.segments.push(matvec::Segment { first_row: plan.matrix.rows, y_at: *y });
+                    plan.members.push((info.name.clone(), plan.bytes, plan.matrix.rows));
+                    plan.matrix.rows += info.dims[1] as u32;
+                    plan.bytes += info.n_bytes();
+                }
+                // members are whole rows and whole words, so each starts as aligned as its rows do
+                if plan.bytes <= max_binding && plan.segments.len() <= matvec::MAX_SEGMENTS {
+                    plans.push(plan);
+                }
+            }
+        }
+    }
+    plans
+}
+
 /// Every dense tensor of the trunk (and the globals) on the GPU, by name.
 pub struct Weights {
     pub tensors: HashMap<String, GpuTensor>,
+    /// The stacks of each input group (by [`InputGroup::key`]); a group missing here runs tensor by tensor.
+    pub stacks: HashMap<String, Vec<Stack>>,
     pub bytes: u64,
 }
 
@@ -79,11 +206,42 @@ impl Weights {
         self.tensors.get(name).ok_or_else(|| format!("the model has no tensor {name:?}"))
     }
 
+    /// How many stacks the input groups were uploaded as (0 when stacking is off).
+    pub fn stack_count(&self) -> usize {
+        self.stacks.values().map(Vec::len).sum()
+    }
+
+    /// y[y_at + i] = (W·x)[i] for every member W of `group` with its own `y_at`: one dispatch per stack (the
+    /// members of one type), and one per tensor for members not stacked.
+    pub fn products(&self, gpu: &Gpu, pass: &mut Pass, group: &InputGroup, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<(), String> {
+        let stacks = self.stacks.get(&group.key).map(Vec::as_slice).unwrap_or_default();
+        for s in stacks {
+            matvec::stacked(gpu, pass, &s.buffer, s.matrix, &s.segments, x, 0, y);
+        }
+        for (name, y_at) in &group.members {
+            let t = self.get(name)?;
+            if !t.pieces.iter().any(|p| stacks.iter().any(|s| s.buffer == p.buffer)) {
+                t.matvec(gpu, pass, x, 0, y, *y_at);
+            }
+        }
+        Ok(())
+    }
+
     /// Uploads every non-expert trunk tensor, read from `parts`; `max_binding` is the largest buffer a kernel
-    /// may bind.
-    pub async fn load<S: RangeSource>(gpu: &Gpu, config: &Config, model: &SplitModel, max_binding: u64, parts: &[S], checks: Option<&StoreChecks>) -> Result<Weights, String> {
+    /// may bind; `stack`: the input groups' matrices into stacks (see the module's doc).
+    pub async fn load<S: RangeSource>(gpu: &Gpu, config: &Config, model: &SplitModel, max_binding: u64, stack: bool, parts: &[S], checks: Option<&StoreChecks>) -> Result<Weights, String> {
         let mut tensors = HashMap::new();
         let mut total = 0u64;
+        // the stacks' buffers first; their members are written into them as they are read
+        let mut stacks: HashMap<String, Vec<Stack>> = HashMap::new();
+        let mut stacked: HashMap<String, (wgpu::Buffer, u64)> = HashMap::new();
+        for plan in if stack { plan_stacks(config, model, max_binding) } else { Vec::new() } {
+            let buffer = gpu.storage_buffer(&plan.key, plan.bytes);
+            for (name, offset, _) in &plan.members {
+                stacked.insert(name.clone(), (buffer.clone(), *offset));
+            }
+            stacks.entry(plan.key).or_default().push(Stack { buffer, matrix: plan.matrix, segments: plan.segments });
+        }
         for t in &model.tensors {
             if !matches!(role(config, &t.info.name), Role::Global | Role::Dense { .. }) {
                 continue;
@@ -102,17 +260,22 @@ impl Weights {
                 return Err(format!("tensor {}: one row ({row_bytes} bytes) exceeds the binding limit {max_binding}", t.info.name));
             }
             let mut pieces = Vec::new();
-            let mut first = 0u64;
-            while first < n_rows {
-                let rows = rows_per_piece.min(n_rows - first);
-                let slice = &bytes[(first * row_bytes) as usize..((first + rows) * row_bytes) as usize];
-                pieces.push(Piece { buffer: gpu.upload(&t.info.name, slice), first_row: first, rows });
-                first += rows;
+            if let Some((buffer, offset)) = stacked.get(&t.info.name) {
+                gpu.queue.write_buffer(buffer, *offset, &bytes);
+                pieces.push(Piece { buffer: buffer.clone(), byte_offset: *offset, first_row: 0, rows: n_rows });
+            } else {
+                let mut first = 0u64;
+                while first < n_rows {
+                    let rows = rows_per_piece.min(n_rows - first);
+                    let slice = &bytes[(first * row_bytes) as usize..((first + rows) * row_bytes) as usize];
+                    pieces.push(Piece { buffer: gpu.upload(&t.info.name, slice), byte_offset: 0, first_row: first, rows });
+                    first += rows;
+                }
             }
             total += bytes.len() as u64;
             tensors.insert(t.info.name.clone(), GpuTensor { name: t.info.name.clone(), ty: t.info.ty, dims: t.info.dims.clone(), pieces });
         }
-        Ok(Weights { tensors, bytes: total })
+        Ok(Weights { tensors, stacks, bytes: total })
     }
 }
 

@@ -40,8 +40,8 @@ pub fn conv(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, w: &wgpu::Buffer, stat
 
 /// The forget gate and β of one token (safe-gate form).
 ///
-/// * `fa`: D, the forget-gate projection; `dt_bias`: D; `a`: `n_head` (ssm_a, already exp(A_log));
-///   `beta_logits`: `n_head`.
+/// * `fa`: D from `fa_at` on, the forget-gate projection; `dt_bias`: D; `a`: `n_head` (ssm_a, already
+///   exp(A_log)); `beta_logits`: `n_head` from `beta_at` on (both may be parts of one buffer).
 /// * `gb`: D + `n_head` outputs: `g[c] = lower_bound · σ(a[c / head_dim] · (fa[c] + dt_bias[c]))` for c < D,
 ///   then `β[h] = σ(beta_logits[h])` at `D + h`. `lower_bound` (gate_lower_bound) is negative, so g ∈ (λ, 0).
 #[allow(clippy::too_many_arguments)]
@@ -49,28 +49,36 @@ pub fn gates(
     gpu: &Gpu,
     pass: &mut Pass,
     fa: &wgpu::Buffer,
+    fa_at: u32,
     dt_bias: &wgpu::Buffer,
     a: &wgpu::Buffer,
     beta_logits: &wgpu::Buffer,
+    beta_at: u32,
     gb: &wgpu::Buffer,
     n_head: u32,
     head_dim: u32,
     lower_bound: f32,
 ) {
-    gates_tokens(gpu, pass, fa, dt_bias, a, beta_logits, gb, n_head, head_dim, lower_bound, 1);
+    gates_at(gpu, pass, (fa, fa_at), dt_bias, a, (beta_logits, beta_at), gb, n_head, head_dim, lower_bound, 1);
 }
 
 /// [`gates`] for `tokens` tokens: token t's `fa` at `t·D`, β logits at `t·n_head`, outputs at `t·(D + n_head)`.
 #[allow(clippy::too_many_arguments)]
 pub fn gates_tokens(gpu: &Gpu, pass: &mut Pass, fa: &wgpu::Buffer, dt_bias: &wgpu::Buffer, a: &wgpu::Buffer, beta_logits: &wgpu::Buffer, gb: &wgpu::Buffer, n_head: u32, head_dim: u32, lower_bound: f32, tokens: u32) {
+    gates_at(gpu, pass, (fa, 0), dt_bias, a, (beta_logits, 0), gb, n_head, head_dim, lower_bound, tokens);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gates_at(gpu: &Gpu, pass: &mut Pass, fa: (&wgpu::Buffer, u32), dt_bias: &wgpu::Buffer, a: &wgpu::Buffer, beta_logits: (&wgpu::Buffer, u32), gb: &wgpu::Buffer, n_head: u32, head_dim: u32, lower_bound: f32, tokens: u32) {
     let dim = n_head * head_dim;
-    expect_floats(fa, tokens * dim, "forget-gate projection");
+    expect_floats(fa.0, fa.1 + tokens * dim, "forget-gate projection");
     expect_floats(dt_bias, dim, "dt bias");
     expect_floats(a, n_head, "ssm_a");
-    expect_floats(beta_logits, tokens * n_head, "β logits");
+    expect_floats(beta_logits.0, beta_logits.1 + tokens * n_head, "β logits");
     expect_floats(gb, tokens * (dim + n_head), "gates output");
     let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_gates");
-    let params = [P::U(n_head), P::U(head_dim), P::F(lower_bound), P::U(tokens)];
+    let params = [P::U(n_head), P::U(head_dim), P::F(lower_bound), P::U(tokens), P::U(fa.1), P::U(beta_logits.1)];
+    let (fa, beta_logits) = (fa.0, beta_logits.0);
     pass.dispatch_3d(gpu, &kernel, &[fa, dt_bias, a, beta_logits, gb], &params, (dim.div_ceil(WORKGROUP), 1, tokens));
 }
 
@@ -98,20 +106,82 @@ pub fn delta(gpu: &Gpu, pass: &mut Pass, qkv: &wgpu::Buffer, gb: &wgpu::Buffer, 
 
 /// Per-head RMSNorm with the output gate: `y[h·d+j] = o_j / √(mean_j o_j² + eps) · norm_w[j] · σ(z[h·d+j])`.
 ///
-/// * `o`: D, the [`delta`] output; `norm_w`: `head_dim` (ssm_norm, shared by all heads); `z`: D, the output
-///   gate projection; `y`: D outputs.
+/// * `o`: D, the [`delta`] output; `norm_w`: `head_dim` (ssm_norm, shared by all heads); `z`: D from `z_at`
+///   on, the output gate projection; `y`: D outputs.
 ///
 /// `head_dim` ≤ 256.
 #[allow(clippy::too_many_arguments)]
-pub fn head_norm_gate(gpu: &Gpu, pass: &mut Pass, o: &wgpu::Buffer, norm_w: &wgpu::Buffer, z: &wgpu::Buffer, y: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32) {
+pub fn head_norm_gate(gpu: &Gpu, pass: &mut Pass, o: &wgpu::Buffer, norm_w: &wgpu::Buffer, z: &wgpu::Buffer, z_at: u32, y: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32) {
     expect_head_dim(head_dim);
     let dim = n_head * head_dim;
     expect_floats(o, dim, "attention output");
     expect_floats(norm_w, head_dim, "ssm_norm");
-    expect_floats(z, dim, "output gate");
+    expect_floats(z, z_at + dim, "output gate");
     expect_floats(y, dim, "normed output");
     let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_head_norm_gate");
-    pass.dispatch(gpu, &kernel, &[o, norm_w, z, y], &[P::U(n_head), P::U(head_dim), P::F(eps)], n_head);
+    pass.dispatch(gpu, &kernel, &[o, norm_w, z, y], &[P::U(n_head), P::U(head_dim), P::F(eps), P::U(z_at)], n_head);
+}
+
+/// Where [`step`] finds its inputs and constants (offsets in floats).
+#[derive(Clone, Copy, Debug)]
+pub struct StepLayout {
+    pub n_head: u32,
+    pub head_dim: u32,
+    pub kernel_size: u32,
+    /// In the input: f_a, the β logits and the output gate z (q|k|v pre-conv are at 0).
+    pub fa_at: u32,
+    pub beta_at: u32,
+    pub z_at: u32,
+}
+
+impl StepLayout {
+    /// Floats of [`step`]'s constants: the conv taps (3·D·K), dt_bias (D), ssm_a (n_head), ssm_norm (head_dim).
+    pub fn consts_floats(&self) -> u32 {
+        let dim = self.n_head * self.head_dim;
+        3 * dim * self.kernel_size + dim + self.n_head + self.head_dim
+    }
+    /// Offsets of dt_bias, ssm_a and ssm_norm in the constants.
+    pub fn consts_at(&self) -> (u32, u32, u32) {
+        let dim = self.n_head * self.head_dim;
+        let dt = 3 * dim * self.kernel_size;
+        (dt, dt + dim, dt + dim + self.n_head)
+    }
+}
+
+/// A decode token's KDA core in one dispatch: [`conv`], [`gates`], [`delta`] and [`head_norm_gate`] in turn,
+/// one workgroup per head (each head's channels of the conv are its own).
+///
+/// * `input`: q|k|v before the conv (3·D at 0), f_a, the β logits and z at the layout's offsets.
+/// * `consts`: [`StepLayout::consts_floats`]: the conv taps (channel c's K taps at `K·c`, q|k|v channels), then
+///   dt_bias, ssm_a (already exp(A_log)) and ssm_norm at [`StepLayout::consts_at`].
+/// * `conv_state`: (K − 1)·3·D, as [`conv`]'s; `state`: `n_head · head_dim²`, as [`delta`]'s; both updated.
+/// * `y`: D outputs, [`head_norm_gate`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn step(gpu: &Gpu, pass: &mut Pass, input: &wgpu::Buffer, consts: &wgpu::Buffer, conv_state: &wgpu::Buffer, state: &wgpu::Buffer, y: &wgpu::Buffer, l: StepLayout, lower_bound: f32, eps: f32) {
+    expect_head_dim(l.head_dim);
+    assert!((2..=8).contains(&l.kernel_size), "KDA conv kernel size {} is outside 2..=8", l.kernel_size);
+    let dim = l.n_head * l.head_dim;
+    expect_floats(input, (3 * dim).max(l.fa_at + dim).max(l.beta_at + l.n_head).max(l.z_at + dim), "step input");
+    expect_floats(consts, l.consts_floats(), "step constants");
+    expect_floats(conv_state, 3 * dim * (l.kernel_size - 1), "conv state");
+    expect_floats(state, dim * l.head_dim, "delta state");
+    expect_floats(y, dim, "step output");
+    let (dt_at, a_at, norm_at) = l.consts_at();
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_step");
+    let params = [
+        P::U(l.n_head),
+        P::U(l.head_dim),
+        P::U(l.kernel_size),
+        P::F(eps),
+        P::F(lower_bound),
+        P::U(l.fa_at),
+        P::U(l.beta_at),
+        P::U(l.z_at),
+        P::U(dt_at),
+        P::U(a_at),
+        P::U(norm_at),
+    ];
+    pass.dispatch(gpu, &kernel, &[input, consts, conv_state, state, y], &params, l.n_head);
 }
 
 /// [`conv`] through `tokens` tokens in order (equal to `tokens` calls): token t's inputs at `x[t·channels ..]`,

@@ -261,6 +261,7 @@ impl Pass {
         if gpu.is_profiling() {
             return self.submit_one_by_one(gpu);
         }
+        let began = crate::clock::now_s();
         let groups = self.bind(gpu);
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
         {
@@ -272,7 +273,7 @@ impl Pass {
             }
         }
         gpu.queue.submit([encoder.finish()]);
-        gpu.count_submit(self.dispatches.len());
+        gpu.count_submit(self.dispatches.len(), crate::clock::now_s() - began);
     }
 
     fn submit_one_by_one(self, gpu: &Gpu) {
@@ -296,6 +297,6 @@ impl Pass {
                 e.1 += took;
             }
         }
-        gpu.count_submit(self.dispatches.len());
+        gpu.count_submit(self.dispatches.len(), 0.0);
     }
 }

@@ -40,6 +40,7 @@ pub fn kv_row(
     gpu: &Gpu,
     pass: &mut Pass,
     kv: &wgpu::Buffer,
+    kv_at: u32,
     norm_w: &wgpu::Buffer,
     cache: &wgpu::Buffer,
     pos: u32,
@@ -48,17 +49,23 @@ pub fn kv_row(
     eps: f32,
     rope_base: f32,
 ) {
-    kv_rows(gpu, pass, kv, norm_w, cache, pos, 1, rank, rope_dim, eps, rope_base);
+    kv_rows_at(gpu, pass, (kv, kv_at), norm_w, cache, pos, 1, rank, rope_dim, eps, rope_base);
 }
 
 /// [`kv_row`] for `tokens` tokens: token t's `kv` at `kv[t·(rank + rope_dim) ..]` becomes cache row `pos + t`.
 #[allow(clippy::too_many_arguments)]
 pub fn kv_rows(gpu: &Gpu, pass: &mut Pass, kv: &wgpu::Buffer, norm_w: &wgpu::Buffer, cache: &wgpu::Buffer, pos: u32, tokens: u32, rank: u32, rope_dim: u32, eps: f32, rope_base: f32) {
+    kv_rows_at(gpu, pass, (kv, 0), norm_w, cache, pos, tokens, rank, rope_dim, eps, rope_base);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn kv_rows_at(gpu: &Gpu, pass: &mut Pass, kv: (&wgpu::Buffer, u32), norm_w: &wgpu::Buffer, cache: &wgpu::Buffer, pos: u32, tokens: u32, rank: u32, rope_dim: u32, eps: f32, rope_base: f32) {
     assert!(rope_dim % 2 == 0, "RoPE dims come in pairs");
     assert!(tokens >= 1);
     assert_cache_holds(cache, pos + tokens - 1, rank, rope_dim);
     let kernel = gpu.kernel(LABEL, SHADER, "mla_kv_row");
-    let params = [P::U(pos), P::U(rank), P::U(rope_dim), P::F(eps), P::F(rope_step(rope_base, rope_dim)), P::U(tokens)];
+    let params = [P::U(pos), P::U(rank), P::U(rope_dim), P::F(eps), P::F(rope_step(rope_base, rope_dim)), P::U(tokens), P::U(kv.1)];
+    let kv = kv.0;
     pass.dispatch(gpu, &kernel, &[kv, norm_w, cache], &params, tokens);
 }
 
@@ -297,11 +304,11 @@ fn value_slices(n_rows: u32, queries: u32, rank: u32, capacity: u32, slice_capac
     whole
 }
 
-/// The head-wise gate, in place: `o[h·d_v + a] *= σ(gate_logits[h])`.
+/// The head-wise gate, in place: `o[h·d_v + a] *= σ(gate_logits[gate_at + h])`.
 ///
 /// * `o`: `n_head·d_v` floats (the per-head outputs after W_vb).
-/// * `gate_logits`: `n_head` floats (`attn_gate` applied to the normed input).
-pub fn head_gate(gpu: &Gpu, pass: &mut Pass, o: &wgpu::Buffer, gate_logits: &wgpu::Buffer, n_head: u32, d_v: u32) {
+/// * `gate_logits`: `n_head` floats from `gate_at` on (`attn_gate` applied to the normed input).
+pub fn head_gate(gpu: &Gpu, pass: &mut Pass, o: &wgpu::Buffer, gate_logits: &wgpu::Buffer, gate_at: u32, n_head: u32, d_v: u32) {
     let kernel = gpu.kernel(LABEL, SHADER, "mla_head_gate");
-    pass.dispatch(gpu, &kernel, &[o, gate_logits], &[P::U(n_head), P::U(d_v)], (n_head * d_v).div_ceil(256));
+    pass.dispatch(gpu, &kernel, &[o, gate_logits], &[P::U(n_head), P::U(d_v), P::U(gate_at)], (n_head * d_v).div_ceil(256));
 }

@@ -101,6 +101,12 @@ pub struct GpuCounters {
     pub submits: u64,
     /// Readbacks: each one waits for the GPU (a CPU↔GPU sync).
     pub readbacks: u64,
+    /// Seconds the CPU spent turning recorded passes into command buffers and submitting them (bind groups,
+    /// encoding, `queue.submit`): work the GPU cannot overlap when each token ends in a readback.
+    pub encode_s: f64,
+    /// Seconds the CPU waited in readbacks for the GPU to finish (with one readback per token: the GPU time
+    /// that the CPU did not overlap).
+    pub wait_s: f64,
 }
 
 /// An adapter, its device and queue.
@@ -222,10 +228,11 @@ impl Gpu {
     }
 
     /// Counts a submission of `dispatches` kernels (the passes call this as they submit).
-    pub(crate) fn count_submit(&self, dispatches: usize) {
+    pub(crate) fn count_submit(&self, dispatches: usize, encode_s: f64) {
         self.count(|c| {
             c.submits += 1;
             c.dispatches += dispatches as u64;
+            c.encode_s += encode_s;
         });
     }
 
@@ -294,6 +301,7 @@ impl Gpu {
             c.submits += 1;
             c.readbacks += 1;
         });
+        let waited_from = crate::clock::now_s();
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -301,6 +309,8 @@ impl Gpu {
         #[cfg(not(target_arch = "wasm32"))]
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError(format!("GPU poll failed: {e}")))?;
         let mapped = rx.await.map_err(|_| GpuError("the GPU device was lost during a readback: load the engine again (the store is kept)".into()))?;
+        let waited = crate::clock::now_s() - waited_from;
+        self.count(|c| c.wait_s += waited);
         if let Err(e) = mapped {
             // a fresh readback buffer fails to map when the device is gone; in the browser the loss itself is
             // reported a moment later, so say what it means either way

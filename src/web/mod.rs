@@ -132,8 +132,8 @@ export interface BenchOptions {
 
 export interface BenchRow {
   mode: string; phase: "prefill" | "decode"; prompt: number; chunk: number; tokens: number; seconds: number;
-  tokensPerS: number; msPerToken: number; speedup: number | null; syncsPerToken: number; dispatchesPerToken: number;
-  submitsPerToken: number; mbReadPerToken: number; mbUploadedPerToken: number; hitRate: number;
+  tokensPerS: number; msPerToken: number; usPerTokenPerLayer: number; speedup: number | null; syncsPerToken: number; dispatchesPerToken: number;
+  submitsPerToken: number; encodeMsPerToken: number; waitMsPerToken: number; mbReadPerToken: number; mbUploadedPerToken: number; hitRate: number;
   floorMsPerToken: number | null; timesFloor: number | null;
 }
 

@@ -184,8 +184,14 @@ pub async fn kda_gates_match_cpu_reference(gpu: &Gpu) {
         let gb = poisoned_with_tail(gpu, "gb", dim + n_head);
         let mut pass = Pass::new();
         let upload = |label, v: &[f32]| gpu.upload(label, &f32_bytes(v));
-        let (fa_buf, dt_buf, a_buf, beta_buf) = (upload("fa", &fa), upload("dt bias", &dt_bias), upload("ssm_a", &a), upload("beta logits", &beta_logits));
-        kda::gates(gpu, &mut pass, &fa_buf, &dt_buf, &a_buf, &beta_buf, &gb, n_head as u32, head_dim as u32, LOWER_BOUND);
+        // as a decode step has them: f_a and the β logits in one buffer among other projections (other values
+        // before, between and after them)
+        let (fa_at, beta_at) = (5 + n_head, 5 + n_head + dim + 3);
+        let mut projections = rng.normals(beta_at + n_head + 4, 9.0);
+        projections[fa_at..fa_at + dim].copy_from_slice(&fa);
+        projections[beta_at..beta_at + n_head].copy_from_slice(&beta_logits);
+        let (proj_buf, dt_buf, a_buf) = (upload("projections", &projections), upload("dt bias", &dt_bias), upload("ssm_a", &a));
+        kda::gates(gpu, &mut pass, &proj_buf, fa_at as u32, &dt_buf, &a_buf, &proj_buf, beta_at as u32, &gb, n_head as u32, head_dim as u32, LOWER_BOUND);
         pass.submit(gpu);
         let want = gates_reference(&widen(&fa), &widen(&dt_bias), &widen(&a), &widen(&beta_logits), head_dim, LOWER_BOUND as f64);
         checker.check(gpu, &format!("gates, {n_head} heads of {head_dim}"), &gb, &want).await;
@@ -239,12 +245,58 @@ pub async fn kda_head_norm_gate_matches_cpu_reference(gpu: &Gpu) {
         let z = rng.normals(dim, 2.0);
         let y = poisoned_with_tail(gpu, "normed", dim);
         let upload = |label, v: &[f32]| gpu.upload(label, &f32_bytes(v));
-        let (o_buf, w_buf, z_buf) = (upload("o", &o), upload("ssm_norm", &w), upload("z", &z));
+        // z after other values in its buffer, as a decode step's projections hold it
+        let z_at = 3 * head_dim + 1;
+        let mut projections = rng.normals(z_at + dim, 9.0);
+        projections[z_at..].copy_from_slice(&z);
+        let (o_buf, w_buf, z_buf) = (upload("o", &o), upload("ssm_norm", &w), upload("projections", &projections));
         let mut pass = Pass::new();
-        kda::head_norm_gate(gpu, &mut pass, &o_buf, &w_buf, &z_buf, &y, n_head as u32, head_dim as u32, EPS);
+        kda::head_norm_gate(gpu, &mut pass, &o_buf, &w_buf, &z_buf, z_at as u32, &y, n_head as u32, head_dim as u32, EPS);
         pass.submit(gpu);
         let want = head_norm_gate_reference(&widen(&o), &widen(&w), &widen(&z), head_dim, EPS as f64);
         checker.check(gpu, &format!("head norm gate, {n_head} heads of {head_dim}"), &y, &want).await;
     }
     checker.report("kda_head_norm_gate");
+}
+
+/// The fused decode kernel (`kda_step`): conv, gates, delta rule and output norm of every head in one dispatch,
+/// against the four references in turn; three tokens through one conv and one delta state, inputs at the
+/// offsets a decode step's projections put them, head dims below, at and off the workgroup size.
+pub async fn kda_step_matches_the_four_references(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    let mut checker = Checker::new(seed);
+    for (n_head, head_dim, kernel_size) in [(3, 96, 4), (2, 128, 4), (4, 37, 3), (1, 256, 2)] {
+        let dim = n_head * head_dim;
+        let layout = kda::StepLayout { n_head: n_head as u32, head_dim: head_dim as u32, kernel_size: kernel_size as u32, fa_at: (3 * dim + 2) as u32, beta_at: (4 * dim + 2) as u32, z_at: (4 * dim + n_head + 3) as u32 };
+        let taps = rng.normals(3 * dim * kernel_size, 0.5);
+        let dt_bias = rng.normals(dim, 1.0);
+        let a: Vec<f32> = rng.normals(n_head, 1.0).iter().map(|x| x.exp()).collect();
+        let norm_w: Vec<f32> = rng.normals(head_dim, 0.2).iter().map(|x| 1.0 + x).collect();
+        let consts: Vec<f32> = [&taps[..], &dt_bias, &a, &norm_w].concat();
+        assert_eq!(consts.len(), layout.consts_floats() as usize);
+        let conv0 = rng.normals(3 * dim * (kernel_size - 1), 1.0);
+        let state0 = rng.normals(dim * head_dim, 0.5);
+        let consts_buf = gpu.upload("consts", &f32_bytes(&consts));
+        let (conv_buf, state_buf) = (upload_with_tail(gpu, "conv state", &conv0), upload_with_tail(gpu, "delta state", &state0));
+        let (mut conv, mut state) = (widen(&conv0), widen(&state0));
+        for token in 0..3 {
+            let input = rng.normals(layout.z_at as usize + dim, 1.0);
+            let y = poisoned_with_tail(gpu, "step y", dim);
+            let mut pass = Pass::new();
+            kda::step(gpu, &mut pass, &gpu.upload("input", &f32_bytes(&input)), &consts_buf, &conv_buf, &state_buf, &y, layout, LOWER_BOUND, EPS);
+            pass.submit(gpu);
+            let input = widen(&input);
+            let at = |from: u32, n: usize| input[from as usize..from as usize + n].to_vec();
+            let qkv = conv_reference(&input[..3 * dim], &widen(&taps), &mut conv, kernel_size);
+            let gb = gates_reference(&at(layout.fa_at, dim), &widen(&dt_bias), &widen(&a), &at(layout.beta_at, n_head), head_dim, LOWER_BOUND as f64);
+            let o = delta_reference(&qkv, &gb, &mut state, n_head, head_dim, EPS as f64);
+            let want = head_norm_gate_reference(&o, &widen(&norm_w), &at(layout.z_at, dim), head_dim, EPS as f64);
+            let at = format!("{n_head} heads of {head_dim}, K {kernel_size}, token {token}");
+            checker.check(gpu, &format!("step y, {at}"), &y, &want).await;
+            checker.check(gpu, &format!("step conv state, {at}"), &conv_buf, &conv).await;
+            checker.check(gpu, &format!("step delta state, {at}"), &state_buf, &state).await;
+        }
+    }
+    checker.report("kda_step");
 }

@@ -93,6 +93,47 @@ pub async fn matvec_add_adds_the_product_to_y(gpu: &Gpu) {
     }
 }
 
+/// Stacked matrices (a KDA layer's projections): one dispatch writes each member's rows to its own place in y,
+/// members of 1 row to many and out of y's order, with gaps in y left as they were; the same as each product alone.
+pub async fn stacked_matvec_matches_each_product(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 160), (GgmlType::F32, 96)] {
+        // (rows, where they go in y): a one-row member, members written in another order than they are stacked,
+        // the last ending before y does
+        let members = [(37usize, 200usize), (1, 5), (64, 100), (8, 300), (3, 0)];
+        let y_len = 320;
+        let mut stack = Vec::new();
+        let mut matrices = Vec::new();
+        let mut segments = Vec::new();
+        let mut row = 0u32;
+        for &(rows, y_at) in &members {
+            let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+            segments.push(matvec::Segment { first_row: row, y_at: y_at as u32 });
+            stack.extend_from_slice(&bytes);
+            matrices.push(w);
+            row += rows as u32;
+        }
+        let w_buf = gpu.upload("stack", &stack);
+        let x = rng.normals(cols + 4, 1.0);
+        let x_buf = gpu.upload("x", &f32_bytes(&x));
+        let y_buf = poisoned(gpu, "y", y_len);
+        let m = Matrix { ty, rows: row, cols: cols as u32, byte_offset: 0 };
+        let mut pass = Pass::new();
+        matvec::stacked(gpu, &mut pass, &w_buf, m, &segments, &x_buf, 4, &y_buf);
+        pass.submit(gpu);
+        let y = read_f32(gpu, &y_buf, y_len).await;
+        let mut written = vec![false; y_len];
+        for (i, &(rows, y_at)) in members.iter().enumerate() {
+            check(&format!("{ty}×{cols} member {i} (seed {seed})"), &y[y_at..y_at + rows], &matrices[i], &x[4..], rows, cols);
+            written[y_at..y_at + rows].iter_mut().for_each(|w| *w = true);
+        }
+        for (i, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
+            assert!(y[i].is_nan(), "{ty}: y[{i}] belongs to no member but was written");
+        }
+    }
+}
+
 /// Per-head products like MLA's absorbed k_b: matrix b at a byte stride, x and y strided.
 pub async fn batched_matvec_matches_reference(gpu: &Gpu) {
     let seed = Rand::test_seed();

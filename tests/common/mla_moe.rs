@@ -64,7 +64,11 @@ pub async fn mla_kv_row_matches_reference(gpu: &Gpu) {
         for pos in [0u32, 37, 5] {
             let std = rng.uniform(0.2, 3.0);
             let kv = rng.normals(width, std);
-            mla::kv_row(gpu, &mut pass, &gpu.upload("kv", &f32_bytes(&kv)), &norm_w_buf, &cache, pos, rank, rope_dim, eps, base);
+            // kv after the query in one buffer, as a decode step's projections hold it
+            let kv_at = 3 * pos as usize + 7;
+            let mut projections = rng.normals(kv_at, 5.0);
+            projections.extend_from_slice(&kv);
+            mla::kv_row(gpu, &mut pass, &gpu.upload("projections", &f32_bytes(&projections)), kv_at as u32, &norm_w_buf, &cache, pos, rank, rope_dim, eps, base);
             let (c_raw, k_pe) = kv.split_at(rank as usize);
             let mean_sq = c_raw.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / rank as f64;
             let inv_rms = 1.0 / (mean_sq + eps as f64).sqrt();
@@ -216,8 +220,12 @@ pub async fn mla_head_gate_matches_reference(gpu: &Gpu) {
         let o = rng.normals((n_head * d_v) as usize, 2.0);
         let gate_logits = rng.normals(n_head as usize, 3.0);
         let o_buf = gpu.upload("o", &f32_bytes(&o));
+        // the logits after other values in their buffer, as a decode step's projections hold them
+        let gate_at = d_v as usize + 3;
+        let mut projections = rng.normals(gate_at, 5.0);
+        projections.extend_from_slice(&gate_logits);
         let mut pass = Pass::new();
-        mla::head_gate(gpu, &mut pass, &o_buf, &gpu.upload("gate logits", &f32_bytes(&gate_logits)), n_head, d_v);
+        mla::head_gate(gpu, &mut pass, &o_buf, &gpu.upload("projections", &f32_bytes(&projections)), gate_at as u32, n_head, d_v);
         pass.submit(gpu);
         let got = read_f32(gpu, &o_buf, o.len()).await;
         let want: Vec<f64> = o.iter().enumerate().map(|(i, &v)| v as f64 * sigmoid(gate_logits[i / d_v as usize] as f64)).collect();
