@@ -36,6 +36,10 @@ struct Params {
     segments: u32,
     starts: array<vec4<u32>, 2>,
     ys: array<vec4<u32>, 2>,
+    // SwiGLU variants: x holds [gate (glu_ff) | up (glu_ff)] per batch, and the product's input is their
+    // activation (moe.wgsl's swiglu, with its clamp when glu_limit > 1e-6)
+    glu_ff: u32,
+    glu_limit: f32,
 }
 
 const WG: u32 = 256u;
@@ -69,6 +73,11 @@ fn bytes_f32(q: u32, bias: f32) -> vec4<f32> {
 // four times the cache wavefronts, and x is read once per block for every lane.
 fn x1(i: u32) -> f32 { return x[i]; }
 fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }
+
+// The SwiGLU variants (matvec.rs swaps these for a version that computes the activation of the batch's
+// [gate | up] into workgroup memory, once per workgroup, and has x1/x4 read it there): the down product of an
+// FFN then needs no swiglu dispatch before it. Returns where rows_dot finds x: `xb`, or 0 in workgroup memory.
+fn stage_x(xb: u32, lid: u32) -> u32 { return xb; }
 
 // Words i.. of a row read from byte 4·i + s/8 (s 0 or 16: Q6_K blocks are 210 bytes, so every other one starts
 // mid-word). The branch is uniform where the rows of a warp share an alignment (row bytes a multiple of 4).
@@ -250,6 +259,7 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: v
     // workgroups past the last row (a grid rounded up over two dimensions) do nothing
     if (first >= p.rows) { return; }
     let b = wg.z;
-    let sums = rows_dot(p.w_offset + b * p.w_stride, first, p.x_offset + b * p.x_stride, lid);
+    let xb = stage_x(p.x_offset + b * p.x_stride, lid);
+    let sums = rows_dot(p.w_offset + b * p.w_stride, first, xb, lid);
     store_rows(first, lid, p.y_offset + b * p.y_stride, sums);
 }

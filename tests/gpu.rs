@@ -42,6 +42,11 @@ fn stacked_matvec_matches_each_product() {
 }
 
 #[test]
+fn swiglu_products_match_activation_then_product() {
+    pollster::block_on(common::matvec::swiglu_products_match_activation_then_product(&gpu()));
+}
+
+#[test]
 fn batched_matvec_matches_reference() {
     pollster::block_on(common::matvec::batched_matvec_matches_reference(&gpu()));
 }

@@ -205,6 +205,11 @@ async fn stacked_matvec_matches_each_product() {
 }
 
 #[wasm_bindgen_test]
+async fn swiglu_products_match_activation_then_product() {
+    common::matvec::swiglu_products_match_activation_then_product(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn batched_matvec_matches_reference() {
     common::matvec::batched_matvec_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

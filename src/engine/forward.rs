@@ -280,8 +280,7 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
         } else {
             let f = c.ff_dense as u32;
             w.products(gpu, p, &weights::swiglu_inputs(c, l), &s.h, &s.gu)?;
-            moe::swiglu(gpu, p, &s.gu, &s.act, f, 1, c.clamp_shexp[l]);
-            t("ffn_down.weight")?.matvec_add(gpu, p, &s.act, 0, &s.x, 0);
+            down_of_swiglu(gpu, p, t("ffn_down.weight")?, &s.gu, f, c.clamp_shexp[l], &s.act, &s.x, true);
         }
     }
     let p = &mut pass;
@@ -407,6 +406,23 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &Sta
     Ok(())
 }
 
+/// An FFN's down product of its SwiGLU: `y (+)= down · a(gu)`, `gu` = [gate (ff) | up (ff)]. The product
+/// computes the activations as it reads them where rows are short enough (one dispatch); otherwise they go
+/// through `act` first.
+#[allow(clippy::too_many_arguments)]
+fn down_of_swiglu(gpu: &Gpu, p: &mut Pass, down: &GpuTensor, gu: &wgpu::Buffer, ff: u32, limit: f32, act: &wgpu::Buffer, y: &wgpu::Buffer, accumulate: bool) {
+    if ff <= matvec::GLU_MAX_COLS {
+        down.matvec_glu(gpu, p, gu, matvec::Glu { ff, limit }, y, accumulate);
+    } else {
+        moe::swiglu(gpu, p, gu, act, ff, 1, limit);
+        if accumulate {
+            down.matvec_add(gpu, p, act, 0, y, 0);
+        } else {
+            down.matvec(gpu, p, act, 0, y, 0);
+        }
+    }
+}
+
 fn moe_route(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, sel: &wgpu::Buffer) -> Result<(), String> {
     t("ffn_gate_inp.weight")?.matvec(gpu, p, &s.h, 0, &s.router_logits, 0);
     let (k, groups, used) = (c.n_expert_used as u32, c.n_expert_group as u32, c.n_group_used as u32);
@@ -433,14 +449,22 @@ fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool
             }
         }
     }
-    moe::swiglu(gpu, p, &s.gu, &s.act, f, k, c.clamp_exp[l]);
+    // the experts' down products compute their SwiGLU activations as they read them, where rows are short
+    // enough (a dispatch fewer); otherwise the activations first
+    let glu = (f <= matvec::GLU_MAX_COLS).then_some(matvec::Glu { ff: f, limit: c.clamp_exp[l] });
+    if glu.is_none() {
+        moe::swiglu(gpu, p, &s.gu, &s.act, f, k, c.clamp_exp[l]);
+    }
     for chunk in 0..pool.chunks.len() {
-        matvec::experts(gpu, p, pool.chunk(chunk), layout.down, sel, &pool.table, slot_base, k, &s.act, Strided { offset: 0, stride: f }, &s.experts_out, Strided { offset: 0, stride: hidden });
+        let out = Strided { offset: 0, stride: hidden };
+        match glu {
+            Some(glu) => matvec::experts_glu(gpu, p, pool.chunk(chunk), layout.down, sel, &pool.table, slot_base, k, &s.gu, Strided { offset: 0, stride: 2 * f }, glu, &s.experts_out, out),
+            None => matvec::experts(gpu, p, pool.chunk(chunk), layout.down, sel, &pool.table, slot_base, k, &s.act, Strided { offset: 0, stride: f }, &s.experts_out, out),
+        }
     }
     // the shared expert
     w.products(gpu, p, &weights::swiglu_inputs(c, l), &s.h, &s.shared_gu)?;
-    moe::swiglu(gpu, p, &s.shared_gu, &s.shared_act, fs, 1, c.clamp_shexp[l]);
-    t("ffn_down_shexp.weight")?.matvec(gpu, p, &s.shared_act, 0, &s.ffn_out, 0);
+    down_of_swiglu(gpu, p, t("ffn_down_shexp.weight")?, &s.shared_gu, fs, c.clamp_shexp[l], &s.shared_act, &s.ffn_out, false);
     moe::accumulate(gpu, p, &s.experts_out, sel, &s.ffn_out, &s.x, hidden, k);
     Ok(())
 }

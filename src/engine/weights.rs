@@ -61,6 +61,10 @@ impl GpuTensor {
     pub fn matvec_add(&self, gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
         self.per_piece(|p, m| matvec::matvec_add(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32));
     }
+    /// y[r] (+)= (W·a(gu))[r] for all rows, `a` a SwiGLU's activation of `gu` ([`matvec::matvec_glu`]).
+    pub fn matvec_glu(&self, gpu: &Gpu, pass: &mut Pass, gu: &wgpu::Buffer, glu: matvec::Glu, y: &wgpu::Buffer, accumulate: bool) {
+        self.per_piece(|p, m| matvec::matvec_glu(gpu, pass, &p.buffer, m, gu, 0, glu, y, p.first_row as u32, accumulate));
+    }
     /// Each piece with its rows as a matrix from the piece's start.
     fn per_piece(&self, mut each: impl FnMut(&Piece, Matrix)) {
         for p in &self.pieces {

@@ -66,15 +66,27 @@ const X_VEC4: [&str; 3] = [
     "fn x4(i: u32) -> vec4<f32> { return x[i >> 2u]; }",
 ];
 
-/// A variant, x as vec4, subgroup lanes, the expert entry point.
-type SourceKey = (Variant, bool, u32, bool);
+/// How a product reads its x: as f32, as vec4 (every offset a multiple of 4), or as the SwiGLU activation of
+/// [gate | up] pairs, staged in workgroup memory ([`GLU_MAX_COLS`] at most).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum XRead {
+    Scalar,
+    Vec4,
+    Glu,
+}
 
-/// The WGSL of a variant's dense or expert entry point, with x bound as f32 or vec4 and reductions shuffling
+/// A variant, how x is read, subgroup lanes, the expert entry point.
+type SourceKey = (Variant, XRead, u32, bool);
+
+/// The longest row a SwiGLU product takes (its activations staged in 8 KiB of workgroup memory).
+pub const GLU_MAX_COLS: u32 = 2048;
+
+/// The WGSL of a variant's dense or expert entry point, with x read as `x_read` says and reductions shuffling
 /// across `subgroup` lanes (1: workgroup memory only). Built once each.
-fn source(v: Variant, x4: bool, subgroup: u32, experts: bool) -> &'static str {
+fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool) -> &'static str {
     static S: OnceLock<Mutex<HashMap<SourceKey, &'static str>>> = OnceLock::new();
     let mut sources = S.get_or_init(Default::default).lock().unwrap();
-    sources.entry((v, x4, subgroup, experts)).or_insert_with(|| {
+    sources.entry((v, x_read, subgroup, experts)).or_insert_with(|| {
         let core = &MATVEC[..MATVEC.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
         let mut s = if experts { format!("{QUANT}{core}{EXPERTS}") } else { format!("{QUANT}{MATVEC}") };
         let mut swap = |from: &str, to: &str| {
@@ -87,14 +99,47 @@ fn source(v: Variant, x4: bool, subgroup: u32, experts: bool) -> &'static str {
             swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
             swap(SUBGROUP_SUM[1], SUBGROUP_SUM[2]);
         }
-        if x4 {
-            for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
-                swap(from, to);
+        match x_read {
+            XRead::Scalar => {}
+            XRead::Vec4 => {
+                for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
+                    swap(from, to);
+                }
+            }
+            XRead::Glu => {
+                for (from, to) in X_SCALAR[1..].iter().zip(X_GLU) {
+                    swap(from, to);
+                }
+                swap(STAGE_X, STAGE_GLU);
             }
         }
         Box::leak(s.into_boxed_str())
     })
 }
+
+/// x1/x4 of a SwiGLU variant: the staged activations.
+const X_GLU: [&str; 2] = [
+    "fn x1(i: u32) -> f32 { return x_glu[i]; }",
+    "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x_glu[i], x_glu[i + 1u], x_glu[i + 2u], x_glu[i + 3u]); }",
+];
+
+const STAGE_X: &str = "fn stage_x(xb: u32, lid: u32) -> u32 { return xb; }";
+/// The activations of the row's inputs, each computed once per workgroup as moe.wgsl's swiglu computes it.
+const STAGE_GLU: &str = "var<workgroup> x_glu: array<f32, 2048>;
+fn stage_x(xb: u32, lid: u32) -> u32 {
+    for (var i = lid; i < min(p.cols, 2048u); i += WG) {
+        let g = x[xb + i];
+        var up = x[xb + p.glu_ff + i];
+        var silu = g / (1.0 + exp(-g));
+        if (p.glu_limit > 1e-6) {
+            silu = min(silu, p.glu_limit);
+            up = clamp(up, -p.glu_limit, p.glu_limit);
+        }
+        x_glu[i] = silu * up;
+    }
+    workgroupBarrier();
+    return 0u;
+}";
 
 /// matvec.wgsl's reduction without subgroups, and the shuffling one put in its place on a device with them.
 const SUBGROUP_SUM: [&str; 3] = [
@@ -108,16 +153,36 @@ const SUBGROUP_SUM: [&str; 3] = [
 ];
 
 /// The kernel of a variant on this GPU.
-fn kernel(gpu: &Gpu, v: Variant, x4: bool, experts: bool) -> std::rc::Rc<super::Kernel> {
+fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool) -> std::rc::Rc<super::Kernel> {
     let subgroup = gpu.subgroup_lanes().unwrap_or(1);
     let name = if experts { "matvec_experts" } else { "matvec" };
-    let label = format!("{name}.wgsl {}{}{}", v.name(), if x4 { " x4" } else { "" }, if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
-    gpu.kernel_with(&label, name, || source(v, x4, subgroup, experts))
+    let read = match x_read {
+        XRead::Scalar => "",
+        XRead::Vec4 => " x4",
+        XRead::Glu => " glu",
+    };
+    let label = format!("{name}.wgsl {}{read}{}", v.name(), if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
+    gpu.kernel_with(&label, name, || source(v, x_read, subgroup, experts))
 }
 
-/// Whether x can be bound as vec4: every offset a multiple of 4 floats and the buffer whole vec4s.
-fn x_as_vec4(v: Variant, x: &wgpu::Buffer, at: Strided) -> bool {
-    !v.scalar_x && at.offset % 4 == 0 && at.stride % 4 == 0 && x.size() % 16 == 0
+/// How the product reads x: the SwiGLU activation of [gate | up] pairs (`glu`), else as vec4 where every offset
+/// is a multiple of 4 floats and the buffer whole vec4s, else as f32.
+fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, glu: Option<Glu>) -> XRead {
+    if glu.is_some() {
+        XRead::Glu
+    } else if !v.scalar_x && at.offset % 4 == 0 && at.stride % 4 == 0 && x.size() % 16 == 0 {
+        XRead::Vec4
+    } else {
+        XRead::Scalar
+    }
+}
+
+/// A product whose input is a SwiGLU's activation: x holds each batch's gate then, `ff` floats on, its up
+/// values; with `limit > 1e-6` the clamps of swiglu_clamp_exp/_shexp ([`super::moe::swiglu`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Glu {
+    pub ff: u32,
+    pub limit: f32,
 }
 
 /// A matrix of `rows` rows of `cols` values of type `ty`, starting at `byte_offset` of its buffer.
@@ -174,16 +239,25 @@ pub fn batched_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: M
 
 #[allow(clippy::too_many_arguments)]
 fn dense(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool) {
-    dense_segments(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, accumulate, &[]);
+    dense_segments(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, accumulate, &[], None);
+}
+
+/// [`matvec`] (`accumulate`: [`matvec_add`]) of a SwiGLU's activation: x at `x_at` holds the gate, `glu.ff`
+/// floats on the up values ([`Glu`]); the down product of an FFN without a swiglu dispatch before it.
+/// `m.cols` ≤ [`GLU_MAX_COLS`].
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_glu(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, glu: Glu, y: &wgpu::Buffer, y_at: u32, accumulate: bool) {
+    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, accumulate, &[], Some(glu));
 }
 
 #[allow(clippy::too_many_arguments)]
-fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment]) {
+fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], glu: Option<Glu>) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
-    let x4 = x_as_vec4(v, x, x_at);
-    let kernel = kernel(gpu, v, x4, false);
+    assert!(glu.is_none() || m.cols <= GLU_MAX_COLS, "a SwiGLU product's rows are at most {GLU_MAX_COLS} values");
+    let kernel = kernel(gpu, v, x_read(v, x, x_at, glu), false);
     let mut params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0], accumulate);
     set_segments(&mut params, segments);
+    set_glu(&mut params, glu);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n));
 }
@@ -205,12 +279,12 @@ pub const MAX_SEGMENTS: usize = 8;
 pub fn stacked(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, segments: &[Segment], x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer) {
     assert!(!segments.is_empty() && segments.len() <= MAX_SEGMENTS, "a stack holds 1..={MAX_SEGMENTS} matrices");
     assert!(segments[0].first_row == 0 && segments.windows(2).all(|s| s[0].first_row < s[1].first_row) && segments.last().unwrap().first_row < m.rows, "segments ascend from row 0 within the stack");
-    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(0), 1, false, segments);
+    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(0), 1, false, segments, None);
 }
 
 /// The segment words of matvec.wgsl's Params (count, then 8 starts and 8 y offsets); none for a plain product.
 fn set_segments(params: &mut [P], segments: &[Segment]) {
-    let at = params.len() - SEGMENT_WORDS;
+    let at = SEGMENTS_AT;
     params[at] = P::U(segments.len() as u32);
     for (i, s) in segments.iter().enumerate() {
         params[at + 4 + i] = P::U(s.first_row);
@@ -220,6 +294,16 @@ fn set_segments(params: &mut [P], segments: &[Segment]) {
 
 /// Words of Params from `segments` on: the count padded to 16 bytes, then the two tables.
 const SEGMENT_WORDS: usize = 4 + 2 * MAX_SEGMENTS;
+/// Where `segments` is among Params' words, and after the tables `glu_ff` and `glu_limit` (padded to 16 bytes).
+const SEGMENTS_AT: usize = 16;
+const GLU_AT: usize = SEGMENTS_AT + SEGMENT_WORDS;
+
+fn set_glu(params: &mut [P], glu: Option<Glu>) {
+    if let Some(g) = glu {
+        params[GLU_AT] = P::U(g.ff);
+        params[GLU_AT + 1] = P::F(g.limit);
+    }
+}
 
 /// The expert pool as the expert kernels see one of its buffers.
 #[derive(Clone, Copy, Debug)]
@@ -242,10 +326,23 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wg
 /// [`experts`] with a given kernel variant.
 #[allow(clippy::too_many_arguments)]
 pub fn experts_as(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided) {
+    experts_with(v, gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, None, y, y_at);
+}
+
+/// [`experts`] of the experts' SwiGLU activations: expert j's gate at `x_at` + j·stride, its up values
+/// `glu.ff` floats on ([`Glu`]); the experts' down products without a swiglu dispatch before them.
+#[allow(clippy::too_many_arguments)]
+pub fn experts_glu(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, glu: Glu, y: &wgpu::Buffer, y_at: Strided) {
+    experts_with(Variant::for_matrix(m), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, Some(glu), y, y_at);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, glu: Option<Glu>, y: &wgpu::Buffer, y_at: Strided) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
-    let x4 = x_as_vec4(v, x, x_at);
-    let kernel = kernel(gpu, v, x4, true);
-    let params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index], false);
+    assert!(glu.is_none() || m.cols <= GLU_MAX_COLS, "a SwiGLU product's rows are at most {GLU_MAX_COLS} values");
+    let kernel = kernel(gpu, v, x_read(v, x, x_at, glu), true);
+    let mut params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index], false);
+    set_glu(&mut params, glu);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, k));
 }
@@ -294,7 +391,8 @@ fn params(m: Matrix, v: Variant, w_offset: u64, w_stride: u64, x_at: Strided, y_
     p.extend(experts.iter().map(|&v| P::U(v)));
     p.push(P::U(lanes(m, v)));
     p.push(P::U(accumulate as u32));
-    // no segments (set_segments fills them for a stack)
-    p.extend(std::iter::repeat_n(P::U(0), SEGMENT_WORDS));
+    assert_eq!(p.len(), SEGMENTS_AT);
+    // no segments (set_segments fills them for a stack), no SwiGLU (set_glu)
+    p.extend(std::iter::repeat_n(P::U(0), SEGMENT_WORDS + 4));
     p
 }

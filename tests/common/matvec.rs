@@ -164,12 +164,14 @@ pub async fn expert_matvec_reads_selected_slots(gpu: &Gpu) {
     let mut rng = Rand::new(seed);
     for v in Variant::ALL {
         for (ty, cols) in [(GgmlType::Q4_K, 256), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 64)] {
-            experts_case(gpu, v, ty, 40, cols, &mut rng, seed).await;
+            experts_case(gpu, v, ty, 40, cols, None, &mut rng, seed).await;
         }
     }
 }
 
-async fn experts_case(gpu: &Gpu, v: Variant, ty: GgmlType, rows: usize, cols: usize, rng: &mut Rand, seed: u64) {
+/// `glu`: the experts' x is the SwiGLU activation (this clamp limit) of [gate | up] pairs, read by experts_glu.
+#[allow(clippy::too_many_arguments)]
+async fn experts_case(gpu: &Gpu, v: Variant, ty: GgmlType, rows: usize, cols: usize, glu: Option<f32>, rng: &mut Rand, seed: u64) {
     let (slots_per_chunk, n_chunks, n_expert) = (3u32, 2u32, 8u32);
     let part_offset = ty.block_bytes() as u64 * 6; // the matrix starts inside the record, after other rows
     let matrix_bytes = (rows * cols / ty.block_elems() * ty.block_bytes()) as u64;
@@ -195,20 +197,81 @@ async fn experts_case(gpu: &Gpu, v: Variant, ty: GgmlType, rows: usize, cols: us
     let k = sel.len();
     let table_buf = gpu.upload("slots", bytemuck::cast_slice(&table));
     let sel_buf = gpu.upload("sel", bytemuck::cast_slice(&sel));
-    let x = rng.normals(k * cols, 1.0);
-    let x_buf = gpu.upload("x", &f32_bytes(&x));
+    let width = if glu.is_some() { 2 * cols } else { cols };
+    let x_in = rng.normals(k * width, 1.5);
+    let x: Vec<f32> = match glu {
+        Some(limit) => x_in.chunks(width).flat_map(|gu| swiglu(&gu[..cols], &gu[cols..], limit)).collect(),
+        None => x_in.clone(),
+    };
+    let x_buf = gpu.upload("x", &f32_bytes(&x_in));
     let y_buf = poisoned(gpu, "y", k * rows);
     let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: part_offset };
     let mut pass = Pass::new();
     for (index, buffer) in chunks.iter().enumerate() {
         let chunk = PoolChunk { buffer, index: index as u32, slots_per_chunk, slot_bytes };
-        matvec::experts_as(v, gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, Strided { offset: 0, stride: cols as u32 }, &y_buf, Strided { offset: 0, stride: rows as u32 });
+        let (x_at, y_at) = (Strided { offset: 0, stride: width as u32 }, Strided { offset: 0, stride: rows as u32 });
+        match glu {
+            Some(limit) => matvec::experts_glu(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, x_at, matvec::Glu { ff: cols as u32, limit }, &y_buf, y_at),
+            None => matvec::experts_as(v, gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, x_at, &y_buf, y_at),
+        }
     }
     pass.submit(gpu);
     let y = read_f32(gpu, &y_buf, k * rows).await;
     for (j, &e) in sel.iter().enumerate() {
         let slot = table[n_expert as usize + e as usize] as usize;
         check(&format!("{ty}×{cols} {} expert {e} in slot {slot} (seed {seed})", v.name()), &y[j * rows..][..rows], &slot_values[slot], &x[j * cols..][..cols], rows, cols);
+    }
+}
+
+/// moe.wgsl's SwiGLU activation, in f32: SiLU(g)·u, or min(SiLU(g), limit)·clamp(u, ±limit) for limit > 1e-6.
+fn swiglu(gate: &[f32], up: &[f32], limit: f32) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let silu = g / (1.0 + (-g).exp());
+            if limit > 1e-6 { silu.min(limit) * u.clamp(-limit, limit) } else { silu * u }
+        })
+        .collect()
+}
+
+/// Down products that compute their input as a SwiGLU's activation of [gate | up] (no swiglu dispatch before
+/// them): the same as the product of the activations, dense (written or added to y) and for selected experts,
+/// with and without the clamp.
+pub async fn swiglu_products_match_activation_then_product(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    let rows = 70;
+    for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 512), (GgmlType::Q8_0, 96), (GgmlType::Q4_K, matvec::GLU_MAX_COLS as usize)] {
+        for limit in [0.0f32, 1.5] {
+            let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+            let w_buf = gpu.upload("w", &bytes);
+            // [gate | up] after other values, as the FFN's products leave them
+            let lead = 4;
+            let gu = rng.normals(lead + 2 * cols, 1.5);
+            let act = swiglu(&gu[lead..lead + cols], &gu[lead + cols..], limit);
+            let gu_buf = gpu.upload("gate|up", &f32_bytes(&gu));
+            let y0 = rng.normals(rows + 3, 1.0);
+            let (written, added) = (poisoned(gpu, "written", rows + 3), gpu.upload("added", &f32_bytes(&y0)));
+            let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
+            let glu = matvec::Glu { ff: cols as u32, limit };
+            let mut pass = Pass::new();
+            matvec::matvec_glu(gpu, &mut pass, &w_buf, m, &gu_buf, lead as u32, glu, &written, 3, false);
+            matvec::matvec_glu(gpu, &mut pass, &w_buf, m, &gu_buf, lead as u32, glu, &added, 3, true);
+            pass.submit(gpu);
+            let (written, added) = (read_f32(gpu, &written, rows + 3).await, read_f32(gpu, &added, rows + 3).await);
+            let what = format!("{ty}×{cols} limit {limit} (seed {seed})");
+            assert!(written[..3].iter().all(|v| v.is_nan()), "{what}: wrote before y_at");
+            check(&what, &written[3..], &w, &act, rows, cols);
+            assert_eq!(added[..3], y0[..3], "{what}: wrote before y_at");
+            for r in 0..rows {
+                assert_eq!(added[3 + r], y0[3 + r] + written[3 + r], "{what} row {r}: y + W·a(gu)");
+            }
+        }
+    }
+    for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 256)] {
+        for limit in [0.0f32, 1.5] {
+            experts_case(gpu, Variant::for_matrix(Matrix { ty, rows: 40, cols: cols as u32, byte_offset: 0 }), ty, 40, cols, Some(limit), &mut rng, seed).await;
+        }
     }
 }
 
