@@ -1,9 +1,8 @@
 //! Dense weights on the GPU, read straight from the GGUF bytes. A tensor larger than the adapter's binding
 //! limit is split into row ranges, each its own buffer, so no kernel ever binds more than allowed. The matrices
 //! of a layer that read the same input (a KDA layer's six projections, an MLA layer's three, a SwiGLU's gate
-//! and up) are uploaded
-//! into one buffer per type, rows back to back: a decode step computes each such stack in one dispatch
-//! ([`Weights::products`]), where a dispatch costs more than most of these products' reads.
+//! and up) are uploaded into one buffer per type, rows back to back: a decode step computes each such stack in
+//! one dispatch ([`Weights::products`]), where a dispatch costs more than most of these products' reads.
 
 use crate::gguf::{SplitModel, SplitTensor};
 use crate::gpu::matmul::{self, Rows};
@@ -152,12 +151,12 @@ pub struct Stack {
     pub segments: Vec<matvec::Segment>,
 }
 
-/// Where each member of a planned stack goes: (tensor name, byte offset, first row).
+/// A stack to be made: its matrix, size, and each member's (tensor name, byte offset in the stack).
 struct StackPlan {
     key: String,
     matrix: Matrix,
     bytes: u64,
-    members: Vec<(String, u64, u32)>,
+    members: Vec<(String, u64)>,
     segments: Vec<matvec::Segment>,
 }
 
@@ -170,12 +169,11 @@ fn plan_stacks(config: &Config, model: &SplitModel, max_binding: u64) -> Vec<Sta
     for l in 0..config.n_layer {
         for g in input_groups(config, l) {
             let Some(members) = g.members.iter().map(|(name, y)| infos.get(name.as_str()).map(|i| (*i, *y))).collect::<Option<Vec<_>>>() else { continue };
-            // each member whole words (the next one's rows start where its end), rows of `hidden` whole sub-blocks
+            // each member whole words (the next one's rows start where it ends), rows of `hidden` whole sub-blocks
             if members.iter().any(|(i, _)| i.dims.len() != 2 || i.dims[0] != config.hidden as u64 || i.dims[0] % 32 != 0 || i.n_bytes() % 4 != 0) {
                 continue;
             }
             let mut types: Vec<GgmlType> = members.iter().map(|(i, _)| i.ty).collect();
-            types.dedup();
             types.sort_by_key(|t| t.id());
             types.dedup();
             for ty in types {
@@ -183,7 +181,7 @@ fn plan_stacks(config: &Config, model: &SplitModel, max_binding: u64) -> Vec<Sta
                 let mut plan = StackPlan { key: g.key.clone(), matrix: Matrix { ty, rows: 0, cols: config.hidden as u32, byte_offset: 0 }, bytes: 0, members: Vec::new(), segments: Vec::new() };
                 for (info, y) in of_type {
                     plan.segments.push(matvec::Segment { first_row: plan.matrix.rows, y_at: *y });
-                    plan.members.push((info.name.clone(), plan.bytes, plan.matrix.rows));
+                    plan.members.push((info.name.clone(), plan.bytes));
                     plan.matrix.rows += info.dims[1] as u32;
                     plan.bytes += info.n_bytes();
                 }
@@ -241,7 +239,7 @@ impl Weights {
         let mut stacked: HashMap<String, (wgpu::Buffer, u64)> = HashMap::new();
         for plan in if stack { plan_stacks(config, model, max_binding) } else { Vec::new() } {
             let buffer = gpu.storage_buffer(&plan.key, plan.bytes);
-            for (name, offset, _) in &plan.members {
+            for (name, offset) in &plan.members {
                 stacked.insert(name.clone(), (buffer.clone(), *offset));
             }
             stacks.entry(plan.key).or_default().push(Stack { buffer, matrix: plan.matrix, segments: plan.segments });
