@@ -1,6 +1,6 @@
-// KDA (Kimi delta attention) for one decode token: the causal depthwise conv on q|k|v, the forget gate and β,
-// the gated delta rule on the per-head state (llama.cpp's fused gated-delta-net order), and the per-head
-// RMSNorm with the output gate. All f32.
+// KDA (Kimi delta attention): the causal depthwise conv on q|k|v, the forget gate and β, the gated delta rule
+// on the per-head state (llama.cpp's fused gated-delta-net order), and the per-head RMSNorm with the output
+// gate; for one decode token all in kda_step, for a prefill chunk step by step. All f32.
 // Every write is checked against the logical size and arrayLength: Chromium clamps an out-of-bounds write onto
 // the last element instead of dropping it.
 
@@ -16,59 +16,14 @@ fn workgroup_index(wg: vec3<u32>, n_wg: vec3<u32>) -> u32 {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// kda_conv: one invocation per channel.
-
-struct ConvParams {
-    channels: u32,
-    kernel_size: u32,
-}
-
-@group(0) @binding(0) var<storage, read> conv_x: array<f32>;
-@group(0) @binding(1) var<storage, read> conv_w: array<f32>;
-@group(0) @binding(2) var<storage, read_write> conv_state: array<f32>;
-@group(0) @binding(3) var<storage, read_write> conv_y: array<f32>;
-@group(0) @binding(4) var<uniform> conv_params: ConvParams;
-
-fn store_conv_state(i: u32, value: f32) {
-    if (i < conv_params.channels * (conv_params.kernel_size - 1u) && i < arrayLength(&conv_state)) {
-        conv_state[i] = value;
-    }
-}
-
-@compute @workgroup_size(256)
-fn kda_conv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let c = workgroup_index(wg, n_wg) * WORKGROUP + lid;
-    if (c >= conv_params.channels) { return; }
-    let past_len = conv_params.kernel_size - 1u;
-    let state_base = past_len * c;
-    let w_base = conv_params.kernel_size * c;
-    let x = conv_x[c];
-    // Taps in ggml's order (oldest first, current input last); each past value moves one slot older as it is read.
-    var acc = 0.0;
-    for (var i = 0u; i < past_len; i++) {
-        let past = conv_state[state_base + i];
-        acc += conv_w[w_base + i] * past;
-        if (i > 0u) { store_conv_state(state_base + i - 1u, past); }
-    }
-    acc += conv_w[w_base + past_len] * x;
-    store_conv_state(state_base + past_len - 1u, x);
-    if (c < arrayLength(&conv_y)) {
-        conv_y[c] = acc / (1.0 + exp(-acc)); // SiLU, ggml's form
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 // kda_gates: one invocation per channel of g; the first n_head invocations also write β.
 
 struct GateParams {
     n_head: u32,
     head_dim: u32,
     lower_bound: f32,
-    // token t (grid z): fa at fa_offset + t·D, β logits at beta_offset + t·n_head, outputs at t·(D + n_head)
+    // token t (grid z): fa at t·D, β logits at t·n_head, outputs at t·(D + n_head)
     tokens: u32,
-    fa_offset: u32,
-    beta_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> gate_fa: array<f32>;
@@ -94,10 +49,10 @@ fn kda_gates(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg
     if (t >= gate_params.tokens) { return; }
     if (c < dim) {
         let a = gate_a[c / gate_params.head_dim];
-        store_gate(t, c, gate_params.lower_bound * sigmoid(a * (gate_fa[gate_params.fa_offset + t * dim + c] + gate_dt_bias[c])));
+        store_gate(t, c, gate_params.lower_bound * sigmoid(a * (gate_fa[t * dim + c] + gate_dt_bias[c])));
     }
     if (c < gate_params.n_head) {
-        store_gate(t, dim + c, sigmoid(gate_beta_logits[gate_params.beta_offset + t * gate_params.n_head + c]));
+        store_gate(t, dim + c, sigmoid(gate_beta_logits[t * gate_params.n_head + c]));
     }
 }
 
@@ -129,106 +84,12 @@ fn tree_sum_ab(lid: u32) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// kda_delta: one workgroup per head. Value column j of S (M[h·d·d + j·d + i] = S[i][j], i = key index) is
-// reduced by `parts` lanes (j, j + d, ...), each over a contiguous span of i, so small heads still use the
-// whole workgroup.
-
-struct DeltaParams {
-    n_head: u32,
-    head_dim: u32,
-    eps: f32,
-}
-
-@group(0) @binding(0) var<storage, read> delta_qkv: array<f32>;
-@group(0) @binding(1) var<storage, read> delta_gb: array<f32>;
-@group(0) @binding(2) var<storage, read_write> delta_state: array<f32>;
-@group(0) @binding(3) var<storage, read_write> delta_o: array<f32>;
-@group(0) @binding(4) var<uniform> delta_params: DeltaParams;
-
-fn store_delta_state(i: u32, value: f32) {
-    let d = delta_params.head_dim;
-    if (i < delta_params.n_head * d * d && i < arrayLength(&delta_state)) {
-        delta_state[i] = value;
-    }
-}
-
-@compute @workgroup_size(256)
-fn kda_delta(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    let h = workgroup_index(wg, n_wg);
-    if (h >= delta_params.n_head) { return; }
-    let d = delta_params.head_dim;
-    let dim = delta_params.n_head * d;
-    let head_base = h * d;
-
-    // L2 norms of q and k (llama.cpp: x / max(‖x‖, ε)) and the decay e^g per key index.
-    var q = 0.0;
-    var k = 0.0;
-    if (lid < d) {
-        q = delta_qkv[head_base + lid];
-        k = delta_qkv[dim + head_base + lid];
-        decay[lid] = exp(delta_gb[head_base + lid]);
-    }
-    sum_a[lid] = q * q;
-    sum_b[lid] = k * k;
-    workgroupBarrier();
-    tree_sum_ab(lid);
-    q_hat[lid] = q * (1.0 / max(sqrt(sum_a[0]), delta_params.eps));
-    k_hat[lid] = k * (1.0 / max(sqrt(sum_b[0]), delta_params.eps));
-    workgroupBarrier();
-
-    let parts = max(1u, WORKGROUP / d);
-    let j = lid % d;
-    let part = lid / d;
-    let span = (d + parts - 1u) / parts;
-    // lanes beyond parts·d get an empty span
-    let i_begin = min(d, part * span);
-    let i_end = min(d, i_begin + span);
-    let column = (head_base + j) * d;
-
-    // 1) decay S along the key index, 2) u_j = Σ_i S[i][j] k̂_i
-    var u_part = 0.0;
-    for (var i = i_begin; i < i_end; i++) {
-        let s = delta_state[column + i] * decay[i];
-        store_delta_state(column + i, s);
-        u_part += s * k_hat[i];
-    }
-    sum_a[lid] = u_part;
-    workgroupBarrier();
-    var u = 0.0;
-    for (var p = 0u; p < parts; p++) { u += sum_a[p * d + j]; }
-    // 3) δ_j = β (v_j − u_j)
-    let delta = delta_gb[dim + h] * (delta_qkv[2u * dim + head_base + j] - u);
-
-    // 4) S[i][j] += k̂_i δ_j, 5) o_j = Σ_i S[i][j] q̂_i / √d
-    var o_part = 0.0;
-    for (var i = i_begin; i < i_end; i++) {
-        let s = delta_state[column + i] + k_hat[i] * delta;
-        store_delta_state(column + i, s);
-        o_part += s * q_hat[i];
-    }
-    workgroupBarrier(); // every lane has read the u partials
-    sum_a[lid] = o_part;
-    workgroupBarrier();
-    if (lid < d) {
-        var o = 0.0;
-        for (var p = 0u; p < parts; p++) { o += sum_a[p * d + j]; }
-        let out = head_base + j;
-        if (out < dim && out < arrayLength(&delta_o)) {
-            delta_o[out] = o * (1.0 / sqrt(f32(d)));
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 // kda_head_norm_gate: one workgroup per head; lane j < head_dim owns element j.
 
 struct NormGateParams {
     n_head: u32,
     head_dim: u32,
     eps: f32,
-    // z[i] at norm_z[z_offset + i]
-    z_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> norm_o: array<f32>;
@@ -251,15 +112,19 @@ fn kda_head_norm_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     tree_sum_a(lid);
     let inv_rms = 1.0 / sqrt(sum_a[0] / f32(d) + norm_params.eps);
     if (lid < d && i < norm_params.n_head * d && i < arrayLength(&norm_y)) {
-        norm_y[i] = o * inv_rms * norm_w[lid] * sigmoid(norm_z[norm_params.z_offset + i]);
+        norm_y[i] = o * inv_rms * norm_w[lid] * sigmoid(norm_z[i]);
     }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// kda_step: a decode token's whole KDA core, one workgroup per head: the conv (with SiLU) of the head's q, k and
-// v channels, its forget gate and β, the delta rule, and its RMSNorm with the output gate. The same arithmetic
-// as kda_conv, kda_gates, kda_delta and kda_head_norm_gate in turn, in one dispatch instead of four (a dispatch
-// costs more than this work).
+// kda_step: a decode token's whole KDA core, one workgroup per head (a dispatch costs more than this work):
+// 1. the conv (then SiLU) of the head's q, k and v channels: y_c = Σ_{i<K−1} w[K·c+i]·state[(K−1)·c+i] +
+//    w[K·c+K−1]·x_c, the channel's state (its last K−1 inputs, oldest first) moved on by x_c;
+// 2. the forget gate g_c = λ·σ(a_h·(f_a,c + dt_c)) (kda_gates' g) and β = σ(β logit);
+// 3. the delta rule (kda_delta_chunk's for one token): q, k L2-normalised (x / max(‖x‖, ε)); with value column
+//    j of S (state[h·d·d + j·d + i] = S[i][j]) reduced by `parts` lanes, each over a span of i: S decays by e^g
+//    along i, u_j = Σ_i S[i][j] k̂_i, δ_j = β (v_j − u_j), S[i][j] += k̂_i δ_j, o_j = Σ_i S[i][j] q̂_i / √d;
+// 4. kda_head_norm_gate: y = o / √(mean o² + ε) · ssm_norm · σ(z).
 
 struct StepParams {
     n_head: u32,
@@ -300,7 +165,7 @@ fn store_step_state(i: u32, value: f32) {
     }
 }
 
-// kda_conv for channel c of q|k|v: the output, and the channel's conv state moved on by the input.
+// Step 1 for channel c of q|k|v: the output, and the channel's conv state moved on by the input.
 fn step_conv_channel(c: u32) -> f32 {
     let past_len = step_params.kernel_size - 1u;
     let state_base = past_len * c;
@@ -340,7 +205,7 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     }
     let beta = sigmoid(step_in[step_params.beta_offset + h]);
 
-    // from here on kda_delta: L2 norms of q and k, then the state update
+    // step 3: L2 norms of q and k, then the state update
     sum_a[lid] = q * q;
     sum_b[lid] = k * k;
     workgroupBarrier();
@@ -452,7 +317,7 @@ fn kda_conv_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
-// kda_qk_norm: q and k of every (token, head) L2-normalised in place (x / max(‖x‖₂, eps), as kda_delta does),
+// kda_qk_norm: q and k of every (token, head) L2-normalised in place (x / max(‖x‖₂, eps), as kda_step does),
 // one workgroup each, so the recurrence below needs no reductions for them.
 
 struct QkNormParams {
@@ -497,7 +362,7 @@ fn kda_qk_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_
 // columns of S are independent (u_j, the update and o_j touch column j only), so a workgroup takes DC_COLS
 // columns, DC_LANES invocations each, every invocation holding a span of ≤ DC_SPAN key indices of its column in
 // registers for the whole chunk. Per token: decay, u_j = Σ_i S[i][j] k̂_i, δ_j = β(v_j − u_j), S[i][j] += k̂_i δ_j,
-// o_j = Σ_i S[i][j] q̂_i / √d — kda_delta's order; q and k come normalised by kda_qk_norm.
+// o_j = Σ_i S[i][j] q̂_i / √d — kda_step's order; q and k come normalised by kda_qk_norm.
 
 const DC_LANES: u32 = 8u;
 const DC_COLS: u32 = 32u;

@@ -330,7 +330,7 @@ fn kda_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     kda::qk_norm_tokens(gpu, pass, &p.qkv, nh, hd, c.rms_eps, m32);
     kda::delta_tokens(gpu, pass, &p.qkv, &p.gb, recurrent, &p.o, nh, hd, m32);
     t("ssm_g_a.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.z, Rows::new(0, d));
-    kda::head_norm_gate(gpu, pass, &p.o, t("ssm_norm.weight")?.whole(), &p.z, 0, &p.o_normed, m32 * nh, hd, c.rms_eps);
+    kda::head_norm_gate(gpu, pass, &p.o, t("ssm_norm.weight")?.whole(), &p.z, &p.o_normed, m32 * nh, hd, c.rms_eps);
     t("attn_output.weight")?.matmul(gpu, pass, m32, &p.o_normed, Rows::new(0, d), &p.attn_out, Rows::new(0, hidden));
     Ok(())
 }

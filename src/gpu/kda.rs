@@ -1,7 +1,7 @@
-//! KDA (Kimi delta attention) kernels of one decode step (`shaders/kda.wgsl`), in the order a KDA layer runs
-//! them: [`conv`] on the q|k|v projections, [`gates`] (forget gate g and β), [`delta`] (the gated delta rule
-//! on the per-head state, llama.cpp's fused op) and [`head_norm_gate`]. Each wrapper records one dispatch into
-//! a [`Pass`]. All buffers hold f32; "D" below is `n_head · head_dim`.
+//! KDA (Kimi delta attention) kernels (`shaders/kda.wgsl`): a decode token's whole KDA core in one dispatch
+//! ([`step`]: the conv on the q|k|v projections, the forget gate g and β, the gated delta rule on the per-head
+//! state, llama.cpp's fused op, and the output norm), and the same steps over a prefill chunk's tokens. Each
+//! wrapper records one dispatch into a [`Pass`]. All buffers hold f32; "D" below is `n_head · head_dim`.
 
 use super::{Gpu, Pass, P};
 
@@ -19,107 +19,43 @@ fn expect_head_dim(head_dim: u32) {
     assert!((1..=WORKGROUP).contains(&head_dim), "KDA head_dim {head_dim} is outside 1..={WORKGROUP}");
 }
 
-/// Causal depthwise conv of one token over `channels` channels, then SiLU (ggml `ssm_conv` + `silu`).
+/// The forget gate and β of `tokens` tokens (safe-gate form), token t's inputs and outputs at t times their
+/// width.
 ///
-/// * `x`: `channels` pre-conv inputs (for Ling: the q, k and v projections back to back, 3·D).
-/// * `w`: `kernel_size · channels`, channel c's taps at `w[K·c .. K·c + K]`, oldest first; tap K−1 multiplies
-///   the current input.
-/// * `state`: `(kernel_size − 1) · channels`, channel c's last K−1 inputs at `state[(K−1)·c ..]`, oldest
-///   first (llama.cpp's conv state row); shifted by one and appended with `x[c]`.
-/// * `y`: `channels` outputs, `SiLU(Σ_{i<K−1} w[K·c+i]·state[(K−1)·c+i] + w[K·c+K−1]·x[c])`.
-#[allow(clippy::too_many_arguments)]
-pub fn conv(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, w: &wgpu::Buffer, state: &wgpu::Buffer, y: &wgpu::Buffer, channels: u32, kernel_size: u32) {
-    assert!((2..=8).contains(&kernel_size), "KDA conv kernel size {kernel_size} is outside 2..=8");
-    expect_floats(x, channels, "conv input");
-    expect_floats(w, kernel_size * channels, "conv weights");
-    expect_floats(state, (kernel_size - 1) * channels, "conv state");
-    expect_floats(y, channels, "conv output");
-    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_conv");
-    pass.dispatch(gpu, &kernel, &[x, w, state, y], &[P::U(channels), P::U(kernel_size)], channels.div_ceil(WORKGROUP));
-}
-
-/// The forget gate and β of one token (safe-gate form).
-///
-/// * `fa`: D from `fa_at` on, the forget-gate projection; `dt_bias`: D; `a`: `n_head` (ssm_a, already
-///   exp(A_log)); `beta_logits`: `n_head` from `beta_at` on (both may be parts of one buffer).
-/// * `gb`: D + `n_head` outputs: `g[c] = lower_bound · σ(a[c / head_dim] · (fa[c] + dt_bias[c]))` for c < D,
-///   then `β[h] = σ(beta_logits[h])` at `D + h`. `lower_bound` (gate_lower_bound) is negative, so g ∈ (λ, 0).
-#[allow(clippy::too_many_arguments)]
-pub fn gates(
-    gpu: &Gpu,
-    pass: &mut Pass,
-    fa: &wgpu::Buffer,
-    fa_at: u32,
-    dt_bias: &wgpu::Buffer,
-    a: &wgpu::Buffer,
-    beta_logits: &wgpu::Buffer,
-    beta_at: u32,
-    gb: &wgpu::Buffer,
-    n_head: u32,
-    head_dim: u32,
-    lower_bound: f32,
-) {
-    gates_at(gpu, pass, (fa, fa_at), dt_bias, a, (beta_logits, beta_at), gb, n_head, head_dim, lower_bound, 1);
-}
-
-/// [`gates`] for `tokens` tokens: token t's `fa` at `t·D`, β logits at `t·n_head`, outputs at `t·(D + n_head)`.
+/// * `fa`: D per token, the forget-gate projection; `dt_bias`: D; `a`: `n_head` (ssm_a, already exp(A_log));
+///   `beta_logits`: `n_head` per token.
+/// * `gb`: D + `n_head` outputs per token: `g[c] = lower_bound · σ(a[c / head_dim] · (fa[c] + dt_bias[c]))` for
+///   c < D, then `β[h] = σ(beta_logits[h])` at `D + h`. `lower_bound` (gate_lower_bound) is negative, so
+///   g ∈ (λ, 0).
 #[allow(clippy::too_many_arguments)]
 pub fn gates_tokens(gpu: &Gpu, pass: &mut Pass, fa: &wgpu::Buffer, dt_bias: &wgpu::Buffer, a: &wgpu::Buffer, beta_logits: &wgpu::Buffer, gb: &wgpu::Buffer, n_head: u32, head_dim: u32, lower_bound: f32, tokens: u32) {
-    gates_at(gpu, pass, (fa, 0), dt_bias, a, (beta_logits, 0), gb, n_head, head_dim, lower_bound, tokens);
-}
-
-#[allow(clippy::too_many_arguments)]
-fn gates_at(gpu: &Gpu, pass: &mut Pass, fa: (&wgpu::Buffer, u32), dt_bias: &wgpu::Buffer, a: &wgpu::Buffer, beta_logits: (&wgpu::Buffer, u32), gb: &wgpu::Buffer, n_head: u32, head_dim: u32, lower_bound: f32, tokens: u32) {
     let dim = n_head * head_dim;
-    expect_floats(fa.0, fa.1 + tokens * dim, "forget-gate projection");
+    expect_floats(fa, tokens * dim, "forget-gate projection");
     expect_floats(dt_bias, dim, "dt bias");
     expect_floats(a, n_head, "ssm_a");
-    expect_floats(beta_logits.0, beta_logits.1 + tokens * n_head, "β logits");
+    expect_floats(beta_logits, tokens * n_head, "β logits");
     expect_floats(gb, tokens * (dim + n_head), "gates output");
     let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_gates");
-    let params = [P::U(n_head), P::U(head_dim), P::F(lower_bound), P::U(tokens), P::U(fa.1), P::U(beta_logits.1)];
-    let (fa, beta_logits) = (fa.0, beta_logits.0);
+    let params = [P::U(n_head), P::U(head_dim), P::F(lower_bound), P::U(tokens)];
     pass.dispatch_3d(gpu, &kernel, &[fa, dt_bias, a, beta_logits, gb], &params, (dim.div_ceil(WORKGROUP), 1, tokens));
-}
-
-/// The gated delta rule for one token, one workgroup per head (ggml's fused `gated_delta_net`, KDA branch).
-///
-/// * `qkv`: 3·D, post-conv `[q | k | v]`, each head-major (head h at `h·head_dim`); q and k are
-///   L2-normalised per head here as `x / max(‖x‖₂, eps)`.
-/// * `gb`: D + `n_head` from [`gates`]: g (per key channel) then β (per head).
-/// * `state`: `n_head · head_dim²`, stored transposed like llama.cpp: `state[h·d·d + j·d + i] = S_h[i][j]`
-///   (i = key index, j = value index); updated in place.
-/// * `o`: D outputs, `o_j = Σ_i S[i][j] q̂_i / √head_dim` after the update.
-///
-/// `head_dim` ≤ 256.
-#[allow(clippy::too_many_arguments)]
-pub fn delta(gpu: &Gpu, pass: &mut Pass, qkv: &wgpu::Buffer, gb: &wgpu::Buffer, state: &wgpu::Buffer, o: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32) {
-    expect_head_dim(head_dim);
-    let dim = n_head * head_dim;
-    expect_floats(qkv, 3 * dim, "q|k|v");
-    expect_floats(gb, dim + n_head, "gates");
-    expect_floats(state, dim * head_dim, "delta state");
-    expect_floats(o, dim, "delta output");
-    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_delta");
-    pass.dispatch(gpu, &kernel, &[qkv, gb, state, o], &[P::U(n_head), P::U(head_dim), P::F(eps)], n_head);
 }
 
 /// Per-head RMSNorm with the output gate: `y[h·d+j] = o_j / √(mean_j o_j² + eps) · norm_w[j] · σ(z[h·d+j])`.
 ///
-/// * `o`: D, the [`delta`] output; `norm_w`: `head_dim` (ssm_norm, shared by all heads); `z`: D from `z_at`
-///   on, the output gate projection; `y`: D outputs.
+/// * `o`: D, the delta rule's output; `norm_w`: `head_dim` (ssm_norm, shared by all heads); `z`: D, the output
+///   gate projection; `y`: D outputs.
 ///
 /// `head_dim` ≤ 256.
 #[allow(clippy::too_many_arguments)]
-pub fn head_norm_gate(gpu: &Gpu, pass: &mut Pass, o: &wgpu::Buffer, norm_w: &wgpu::Buffer, z: &wgpu::Buffer, z_at: u32, y: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32) {
+pub fn head_norm_gate(gpu: &Gpu, pass: &mut Pass, o: &wgpu::Buffer, norm_w: &wgpu::Buffer, z: &wgpu::Buffer, y: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32) {
     expect_head_dim(head_dim);
     let dim = n_head * head_dim;
     expect_floats(o, dim, "attention output");
     expect_floats(norm_w, head_dim, "ssm_norm");
-    expect_floats(z, z_at + dim, "output gate");
+    expect_floats(z, dim, "output gate");
     expect_floats(y, dim, "normed output");
     let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_head_norm_gate");
-    pass.dispatch(gpu, &kernel, &[o, norm_w, z, y], &[P::U(n_head), P::U(head_dim), P::F(eps), P::U(z_at)], n_head);
+    pass.dispatch(gpu, &kernel, &[o, norm_w, z, y], &[P::U(n_head), P::U(head_dim), P::F(eps)], n_head);
 }
 
 /// Where [`step`] finds its inputs and constants (offsets in floats).
@@ -148,14 +84,23 @@ impl StepLayout {
     }
 }
 
-/// A decode token's KDA core in one dispatch: [`conv`], [`gates`], [`delta`] and [`head_norm_gate`] in turn,
-/// one workgroup per head (each head's channels of the conv are its own).
+/// A decode token's KDA core in one dispatch, one workgroup per head (each head's channels of the conv are its
+/// own): the causal depthwise conv of q|k|v then SiLU (ggml `ssm_conv` + `silu`), the gates ([`gates_tokens`]'
+/// g and β), the gated delta rule (ggml's fused `gated_delta_net`, KDA branch) and [`head_norm_gate`].
 ///
-/// * `input`: q|k|v before the conv (3·D at 0), f_a, the β logits and z at the layout's offsets.
-/// * `consts`: [`StepLayout::consts_floats`]: the conv taps (channel c's K taps at `K·c`, q|k|v channels), then
-///   dt_bias, ssm_a (already exp(A_log)) and ssm_norm at [`StepLayout::consts_at`].
-/// * `conv_state`: (K − 1)·3·D, as [`conv`]'s; `state`: `n_head · head_dim²`, as [`delta`]'s; both updated.
-/// * `y`: D outputs, [`head_norm_gate`]'s.
+/// * `input`: q|k|v before the conv (3·D at 0, each head-major: head h at `h·head_dim`), f_a, the β logits and
+///   z at the layout's offsets.
+/// * `consts`: [`StepLayout::consts_floats`]: the conv taps (channel c's K taps at `K·c`, oldest first; tap K−1
+///   multiplies the current input), then dt_bias, ssm_a (already exp(A_log)) and ssm_norm at
+///   [`StepLayout::consts_at`].
+/// * `conv_state`: (K − 1)·3·D, channel c's last K−1 inputs at `(K−1)·c`, oldest first (llama.cpp's conv state
+///   row); shifted by one and appended with the input.
+/// * `state`: `n_head · head_dim²`, stored transposed like llama.cpp: `state[h·d·d + j·d + i] = S_h[i][j]` (i the
+///   key index, j the value index); updated in place. q and k are L2-normalised per head as `x / max(‖x‖₂, eps)`,
+///   and `o_j = Σ_i S[i][j] q̂_i / √head_dim` after the update.
+/// * `y`: D outputs, `o` through [`head_norm_gate`].
+///
+/// `head_dim` ≤ 256, K in 2..=8.
 #[allow(clippy::too_many_arguments)]
 pub fn step(gpu: &Gpu, pass: &mut Pass, input: &wgpu::Buffer, consts: &wgpu::Buffer, conv_state: &wgpu::Buffer, state: &wgpu::Buffer, y: &wgpu::Buffer, l: StepLayout, lower_bound: f32, eps: f32) {
     expect_head_dim(l.head_dim);
@@ -184,8 +129,9 @@ pub fn step(gpu: &Gpu, pass: &mut Pass, input: &wgpu::Buffer, consts: &wgpu::Buf
     pass.dispatch(gpu, &kernel, &[input, consts, conv_state, state, y], &params, l.n_head);
 }
 
-/// [`conv`] through `tokens` tokens in order (equal to `tokens` calls): token t's inputs at `x[t·channels ..]`,
-/// its outputs at `y[t·channels ..]`; `state` carries in and out.
+/// [`step`]'s conv (then SiLU) over `channels` channels through `tokens` tokens in order: token t's inputs at
+/// `x[t·channels ..]`, its outputs at `y[t·channels ..]`; `w` the taps and `state` the conv state as `step` has
+/// them, carried in and out.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_tokens(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, w: &wgpu::Buffer, state: &wgpu::Buffer, y: &wgpu::Buffer, channels: u32, kernel_size: u32, tokens: u32) {
     assert!((2..=8).contains(&kernel_size), "KDA conv kernel size {kernel_size} is outside 2..=8");
@@ -197,7 +143,7 @@ pub fn conv_tokens(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, w: &wgpu::Buffe
     pass.dispatch(gpu, &kernel, &[x, w, state, y], &[P::U(channels), P::U(kernel_size), P::U(tokens)], channels.div_ceil(WORKGROUP));
 }
 
-/// The L2 norm of [`delta`], in place: q and k of each head of each of `tokens` tokens (token t's `[q | k | v]`
+/// [`step`]'s L2 norm, in place: q and k of each head of each of `tokens` tokens (token t's `[q | k | v]`
 /// at `qkv[t·3D ..]`) become `x / max(‖x‖₂, eps)`; v is left alone.
 pub fn qk_norm_tokens(gpu: &Gpu, pass: &mut Pass, qkv: &wgpu::Buffer, n_head: u32, head_dim: u32, eps: f32, tokens: u32) {
     expect_head_dim(head_dim);
@@ -209,7 +155,7 @@ pub fn qk_norm_tokens(gpu: &Gpu, pass: &mut Pass, qkv: &wgpu::Buffer, n_head: u3
 /// Value columns per workgroup of `kda_delta_chunk`.
 const DELTA_COLUMNS: u32 = 32;
 
-/// [`delta`] through `tokens` tokens in order (equal to `tokens` calls), q and k already normalised by
+/// [`step`]'s delta rule through `tokens` tokens in order (equal to `tokens` steps), q and k already normalised by
 /// [`qk_norm_tokens`]: token t's `[q̂ | k̂ | v]` at `qkv[t·3D ..]`, its gates at `gb[t·(D + n_head) ..]`, its output at
 /// `o[t·D ..]`; `state` carries in and out. `head_dim` ≤ 256.
 #[allow(clippy::too_many_arguments)]

@@ -145,32 +145,6 @@ fn head_norm_gate_reference(o: &[f64], w: &[f64], z: &[f64], d: usize, eps: f64)
         .collect()
 }
 
-/// Channel counts off the workgroup size (3·96+5 spans two partial workgroups) and every kernel size 2..=8.
-pub async fn kda_conv_matches_cpu_reference(gpu: &Gpu) {
-    let seed = Rand::test_seed();
-    let mut rng = Rand::new(seed);
-    let mut checker = Checker::new(seed);
-    for (channels, kernel_size) in [(3 * 96 + 5, 4), (3 * 128, 4), (37, 2), (300, 3), (513, 5), (7, 6), (260, 7), (100, 8)] {
-        let w = rng.normals(channels * kernel_size, 0.5);
-        let state0 = rng.normals(channels * (kernel_size - 1), 1.0);
-        let (w_buf, state_buf) = (gpu.upload("conv w", &f32_bytes(&w)), upload_with_tail(gpu, "conv state", &state0));
-        let (w, mut state) = (widen(&w), widen(&state0));
-        for token in 0..4 {
-            let x = rng.normals(channels, 1.0);
-            let x_buf = gpu.upload("conv x", &f32_bytes(&x));
-            let y_buf = poisoned_with_tail(gpu, "conv y", channels);
-            let mut pass = Pass::new();
-            kda::conv(gpu, &mut pass, &x_buf, &w_buf, &state_buf, &y_buf, channels as u32, kernel_size as u32);
-            pass.submit(gpu);
-            let want = conv_reference(&widen(&x), &w, &mut state, kernel_size);
-            let at = format!("channels {channels}, K {kernel_size}, token {token}");
-            checker.check(gpu, &format!("conv y, {at}"), &y_buf, &want).await;
-            checker.check(gpu, &format!("conv state, {at}"), &state_buf, &state).await;
-        }
-    }
-    checker.report("kda_conv");
-}
-
 pub async fn kda_gates_match_cpu_reference(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
@@ -184,52 +158,13 @@ pub async fn kda_gates_match_cpu_reference(gpu: &Gpu) {
         let gb = poisoned_with_tail(gpu, "gb", dim + n_head);
         let mut pass = Pass::new();
         let upload = |label, v: &[f32]| gpu.upload(label, &f32_bytes(v));
-        // as a decode step has them: f_a and the β logits in one buffer among other projections (other values
-        // before, between and after them)
-        let (fa_at, beta_at) = (5 + n_head, 5 + n_head + dim + 3);
-        let mut projections = rng.normals(beta_at + n_head + 4, 9.0);
-        projections[fa_at..fa_at + dim].copy_from_slice(&fa);
-        projections[beta_at..beta_at + n_head].copy_from_slice(&beta_logits);
-        let (proj_buf, dt_buf, a_buf) = (upload("projections", &projections), upload("dt bias", &dt_bias), upload("ssm_a", &a));
-        kda::gates(gpu, &mut pass, &proj_buf, fa_at as u32, &dt_buf, &a_buf, &proj_buf, beta_at as u32, &gb, n_head as u32, head_dim as u32, LOWER_BOUND);
+        let (fa_buf, dt_buf, a_buf, beta_buf) = (upload("fa", &fa), upload("dt bias", &dt_bias), upload("ssm_a", &a), upload("beta logits", &beta_logits));
+        kda::gates_tokens(gpu, &mut pass, &fa_buf, &dt_buf, &a_buf, &beta_buf, &gb, n_head as u32, head_dim as u32, LOWER_BOUND, 1);
         pass.submit(gpu);
         let want = gates_reference(&widen(&fa), &widen(&dt_bias), &widen(&a), &widen(&beta_logits), head_dim, LOWER_BOUND as f64);
         checker.check(gpu, &format!("gates, {n_head} heads of {head_dim}"), &gb, &want).await;
     }
     checker.report("kda_gates");
-}
-
-/// Head dims below, at and not dividing the workgroup size; four tokens through one state. On the second
-/// token head 0's q is scaled to a norm below ε, so the `max(‖q‖, ε)` floor is exercised.
-pub async fn kda_delta_matches_cpu_reference(gpu: &Gpu) {
-    let seed = Rand::test_seed();
-    let mut rng = Rand::new(seed);
-    let mut checker = Checker::new(seed);
-    for (n_head, head_dim) in [(3, 96), (2, 128), (1, 256), (2, 200), (4, 37)] {
-        let dim = n_head * head_dim;
-        let state0 = rng.normals(dim * head_dim, 0.5);
-        let state_buf = upload_with_tail(gpu, "delta state", &state0);
-        let mut state = widen(&state0);
-        for token in 0..4 {
-            let mut qkv = rng.normals(3 * dim, 1.0);
-            if token == 1 {
-                qkv[..head_dim].iter_mut().for_each(|q| *q *= 1e-8);
-            }
-            // g ∈ (λ, 0) then β ∈ (0, 1), as `gates` makes them
-            let mut gb: Vec<f32> = (0..dim).map(|_| LOWER_BOUND * rng.uniform(0.0, 1.0)).collect();
-            gb.extend((0..n_head).map(|_| rng.uniform(0.0, 1.0)));
-            let (qkv_buf, gb_buf) = (gpu.upload("qkv", &f32_bytes(&qkv)), gpu.upload("gb", &f32_bytes(&gb)));
-            let o_buf = poisoned_with_tail(gpu, "delta o", dim);
-            let mut pass = Pass::new();
-            kda::delta(gpu, &mut pass, &qkv_buf, &gb_buf, &state_buf, &o_buf, n_head as u32, head_dim as u32, EPS);
-            pass.submit(gpu);
-            let want = delta_reference(&widen(&qkv), &widen(&gb), &mut state, n_head, head_dim, EPS as f64);
-            let at = format!("{n_head} heads of {head_dim}, token {token}");
-            checker.check(gpu, &format!("delta o, {at}"), &o_buf, &want).await;
-            checker.check(gpu, &format!("delta state, {at}"), &state_buf, &state).await;
-        }
-    }
-    checker.report("kda_delta");
 }
 
 /// Head 0 is scaled so its mean square is comparable to ε, which checks where ε enters.
@@ -245,13 +180,9 @@ pub async fn kda_head_norm_gate_matches_cpu_reference(gpu: &Gpu) {
         let z = rng.normals(dim, 2.0);
         let y = poisoned_with_tail(gpu, "normed", dim);
         let upload = |label, v: &[f32]| gpu.upload(label, &f32_bytes(v));
-        // z after other values in its buffer, as a decode step's projections hold it
-        let z_at = 3 * head_dim + 1;
-        let mut projections = rng.normals(z_at + dim, 9.0);
-        projections[z_at..].copy_from_slice(&z);
-        let (o_buf, w_buf, z_buf) = (upload("o", &o), upload("ssm_norm", &w), upload("projections", &projections));
+        let (o_buf, w_buf, z_buf) = (upload("o", &o), upload("ssm_norm", &w), upload("z", &z));
         let mut pass = Pass::new();
-        kda::head_norm_gate(gpu, &mut pass, &o_buf, &w_buf, &z_buf, z_at as u32, &y, n_head as u32, head_dim as u32, EPS);
+        kda::head_norm_gate(gpu, &mut pass, &o_buf, &w_buf, &z_buf, &y, n_head as u32, head_dim as u32, EPS);
         pass.submit(gpu);
         let want = head_norm_gate_reference(&widen(&o), &widen(&w), &widen(&z), head_dim, EPS as f64);
         checker.check(gpu, &format!("head norm gate, {n_head} heads of {head_dim}"), &y, &want).await;
@@ -259,14 +190,16 @@ pub async fn kda_head_norm_gate_matches_cpu_reference(gpu: &Gpu) {
     checker.report("kda_head_norm_gate");
 }
 
-/// The fused decode kernel (`kda_step`): conv, gates, delta rule and output norm of every head in one dispatch,
+/// The decode kernel (`kda_step`): conv, gates, delta rule and output norm of every head in one dispatch,
 /// against the four references in turn; three tokens through one conv and one delta state, inputs at the
-/// offsets a decode step's projections put them, head dims below, at and off the workgroup size.
+/// offsets a decode step's projections put them; head dims below, at and not dividing the workgroup size, every
+/// conv kernel size 2..=8. On the second token head 0's q is made tiny (its inputs and conv state scaled by
+/// 1e-8), so the `max(‖q‖, ε)` floor is exercised.
 pub async fn kda_step_matches_the_four_references(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
     let mut checker = Checker::new(seed);
-    for (n_head, head_dim, kernel_size) in [(3, 96, 4), (2, 128, 4), (4, 37, 3), (1, 256, 2)] {
+    for (n_head, head_dim, kernel_size) in [(3, 96, 4), (2, 128, 4), (4, 37, 3), (1, 256, 2), (2, 200, 5), (5, 7, 6), (2, 64, 7), (1, 32, 8)] {
         let dim = n_head * head_dim;
         let layout = kda::StepLayout { n_head: n_head as u32, head_dim: head_dim as u32, kernel_size: kernel_size as u32, fa_at: (3 * dim + 2) as u32, beta_at: (4 * dim + 2) as u32, z_at: (4 * dim + n_head + 3) as u32 };
         let taps = rng.normals(3 * dim * kernel_size, 0.5);
@@ -281,7 +214,16 @@ pub async fn kda_step_matches_the_four_references(gpu: &Gpu) {
         let (conv_buf, state_buf) = (upload_with_tail(gpu, "conv state", &conv0), upload_with_tail(gpu, "delta state", &state0));
         let (mut conv, mut state) = (widen(&conv0), widen(&state0));
         for token in 0..3 {
-            let input = rng.normals(layout.z_at as usize + dim, 1.0);
+            let mut input = rng.normals(layout.z_at as usize + dim, 1.0);
+            if token == 1 {
+                // head 0's q channels: inputs and conv state scaled down, so its post-conv q is far below ε
+                input[..head_dim].iter_mut().for_each(|q| *q *= 1e-8);
+                let past = kernel_size - 1;
+                conv[..head_dim * past].iter_mut().for_each(|s| *s *= 1e-8);
+                let narrowed: Vec<f32> = conv.iter().map(|&v| v as f32).collect();
+                gpu.queue.write_buffer(&conv_buf, 0, &f32_bytes(&narrowed));
+                conv = widen(&narrowed);
+            }
             let y = poisoned_with_tail(gpu, "step y", dim);
             let mut pass = Pass::new();
             kda::step(gpu, &mut pass, &gpu.upload("input", &f32_bytes(&input)), &consts_buf, &conv_buf, &state_buf, &y, layout, LOWER_BOUND, EPS);
