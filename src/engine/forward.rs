@@ -367,13 +367,13 @@ fn kda_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &Sta
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Where kda_step finds its inputs: in `kda_in` as [`weights::kda_inputs`] lays it out.
 fn kda_layout(c: &Config) -> kda::StepLayout {
     let (fa_at, beta_at, z_at) = weights::kda_input_offsets(c);
     kda::StepLayout { n_head: c.n_head as u32, head_dim: c.kda_head_dim as u32, kernel_size: c.conv_kernel as u32, fa_at, beta_at, z_at }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &State, cache: &wgpu::Buffer, pos: u32) -> Result<(), String> {
     let t = |name: &str| w.get(&format!("blk.{l}.{name}"));
     let (nh, rank, rope) = (c.n_head as u32, c.kv_lora_rank as u32, c.rope_dim as u32);

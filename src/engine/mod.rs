@@ -5,7 +5,6 @@
 pub mod bench;
 pub mod cache;
 mod forward;
-pub use forward::set_layers_per_submit;
 pub mod pool;
 mod prefill;
 pub mod weights;
@@ -17,6 +16,7 @@ use crate::model::Config;
 use crate::source::RangeSource;
 use crate::store::StoreChecks;
 pub use cache::{CacheStats, Policy};
+pub use forward::set_layers_per_submit;
 use cache::ExpertCache;
 use forward::{Experts, State};
 pub use pool::Upload;

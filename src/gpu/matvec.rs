@@ -278,6 +278,7 @@ pub const MAX_SEGMENTS: usize = 8;
 /// Stacked matrices that read the same x, one dispatch for all: `m` is the stack (every matrix's rows back to
 /// back, one type and row length), and the rows of `segments[s]` go to `y[segments[s].y_at + i]` (segments in
 /// ascending `first_row`, the first at row 0). The same as one [`matvec`] per matrix.
+#[allow(clippy::too_many_arguments)]
 pub fn stacked(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, segments: &[Segment], x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer) {
     assert!(!segments.is_empty() && segments.len() <= MAX_SEGMENTS, "a stack holds 1..={MAX_SEGMENTS} matrices");
     assert!(segments[0].first_row == 0 && segments.windows(2).all(|s| s[0].first_row < s[1].first_row) && segments.last().unwrap().first_row < m.rows, "segments ascend from row 0 within the stack");
