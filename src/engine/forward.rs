@@ -10,7 +10,7 @@
 use super::cache::{CacheStats, ExpertCache, NONE};
 use super::pool::{ExpertPool, RecordReader};
 use crate::clock::now_s;
-use super::weights::{self, GpuTensor, Weights};
+use super::weights::{self, GpuTensor, Inputs, Weights};
 use crate::gpu::matvec::{self, Matrix, Strided};
 use crate::gpu::{dequant, kda, mla, moe, norm, Gpu, Pass};
 use crate::model::{Attention, Config};
@@ -30,11 +30,11 @@ pub struct State {
     pub(super) h: wgpu::Buffer,
     ffn_out: wgpu::Buffer,
     // KDA
-    /// the projections of h: q|k|v (pre-conv), f_a, β logits, the output gate ([`weights::kda_inputs`])
+    /// the projections of h: q|k|v (pre-conv), f_a, β logits, the output gate ([`weights::kda_input_offsets`])
     kda_in: wgpu::Buffer,
     o_normed: wgpu::Buffer,
     // MLA
-    /// the projections of h: q, the latent kv, the head gate's logits ([`weights::mla_inputs`])
+    /// the projections of h: q, the latent kv, the head gate's logits ([`weights::mla_input_offsets`])
     mla_in: wgpu::Buffer,
     q_abs: wgpu::Buffer,
     latent_mix: wgpu::Buffer,
@@ -279,7 +279,7 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
             moe_experts(gpu, &mut pass, c, w, s, pool, sel, l)?;
         } else {
             let f = c.ff_dense as u32;
-            w.products(gpu, p, &weights::swiglu_inputs(c, l), &s.h, &s.gu)?;
+            w.products(gpu, p, l, Inputs::Swiglu, &s.h, &s.gu)?;
             down_of_swiglu(gpu, p, t("ffn_down.weight")?, &s.gu, f, c.clamp_shexp[l], &s.act, &s.x, true);
         }
     }
@@ -358,16 +358,16 @@ pub(super) type TensorOf<'a> = dyn Fn(&str) -> Result<&'a GpuTensor, String> + '
 #[allow(clippy::too_many_arguments)]
 fn kda_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &State, conv: &wgpu::Buffer, recurrent: &wgpu::Buffer, consts: &wgpu::Buffer) -> Result<(), String> {
     let t = |name: &str| w.get(&format!("blk.{l}.{name}"));
-    // q, k, v, f_a, β and g_a all read h: one dispatch per stack of them (see weights::kda_inputs for where
-    // each lands in kda_in), then the conv, gates, delta rule and output norm in one more
-    w.products(gpu, p, &weights::kda_inputs(c, l), &s.h, &s.kda_in)?;
+    // q, k, v, f_a, β and g_a all read h: one dispatch per stack of them (weights::kda_input_offsets says
+    // where each lands in kda_in), then the conv, gates, delta rule and output norm in one more
+    w.products(gpu, p, l, Inputs::Attention, &s.h, &s.kda_in)?;
     kda::step(gpu, p, &s.kda_in, consts, conv, recurrent, &s.o_normed, kda_layout(c), c.gate_lower_bound, c.rms_eps);
     // the residual: x += W_o·o
     t("attn_output.weight")?.matvec_add(gpu, p, &s.o_normed, 0, &s.x, 0);
     Ok(())
 }
 
-/// Where kda_step finds its inputs: in `kda_in` as [`weights::kda_inputs`] lays it out.
+/// Where kda_step finds its inputs: in `kda_in` as [`weights::kda_input_offsets`] lays it out.
 fn kda_layout(c: &Config) -> kda::StepLayout {
     let (fa_at, beta_at, z_at) = weights::kda_input_offsets(c);
     kda::StepLayout { n_head: c.n_head as u32, head_dim: c.kda_head_dim as u32, kernel_size: c.conv_kernel as u32, fa_at, beta_at, z_at }
@@ -379,11 +379,11 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &Sta
     let (nh, rank, rope) = (c.n_head as u32, c.kv_lora_rank as u32, c.rope_dim as u32);
     let (d_qk, d_nope, d_v) = (c.key_length_mla as u32, c.d_nope() as u32, c.value_length_mla as u32);
     let latent = rank + rope;
-    // q, kv and the gate logits all read h: one dispatch per stack (weights::mla_inputs: q at 0, then kv, then
-    // the gate logits)
-    let q = nh * d_qk;
-    w.products(gpu, p, &weights::mla_inputs(c, l), &s.h, &s.mla_in)?;
-    mla::kv_row(gpu, p, &s.mla_in, q, t("attn_kv_a_norm.weight")?.whole(), cache, pos, rank, rope, c.rms_eps, c.rope_freq_base);
+    // q, kv and the gate logits all read h: one dispatch per stack (q at 0, then kv and the gate logits at
+    // weights::mla_input_offsets)
+    let (kv_at, gate_at) = weights::mla_input_offsets(c);
+    w.products(gpu, p, l, Inputs::Attention, &s.h, &s.mla_in)?;
+    mla::kv_row(gpu, p, &s.mla_in, kv_at, t("attn_kv_a_norm.weight")?.whole(), cache, pos, rank, rope, c.rms_eps, c.rope_freq_base);
     // absorbed query: q̃_h = W_kb,h · q_nope,h (per head: R rows of d_nope), written into q_abs row h
     let kb = t("attn_k_b.weight")?;
     let kb_m = Matrix { ty: kb.ty, rows: rank, cols: d_nope, byte_offset: 0 };
@@ -400,7 +400,7 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &Sta
     let vb_m = Matrix { ty: vb.ty, rows: d_v, cols: rank, byte_offset: 0 };
     let vb_stride = d_v as u64 * vb_m.row_bytes() as u64;
     matvec::batched(gpu, p, vb.whole(), vb_m, vb_stride, &s.latent_mix, Strided { offset: 0, stride: rank }, &s.heads_out, Strided { offset: 0, stride: d_v }, nh);
-    mla::head_gate(gpu, p, &s.heads_out, &s.mla_in, q + latent, nh, d_v);
+    mla::head_gate(gpu, p, &s.heads_out, &s.mla_in, gate_at, nh, d_v);
     // the residual: x += W_o·o
     t("attn_output.weight")?.matvec_add(gpu, p, &s.heads_out, 0, &s.x, 0);
     Ok(())
@@ -463,7 +463,7 @@ fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool
         }
     }
     // the shared expert
-    w.products(gpu, p, &weights::swiglu_inputs(c, l), &s.h, &s.shared_gu)?;
+    w.products(gpu, p, l, Inputs::Swiglu, &s.h, &s.shared_gu)?;
     down_of_swiglu(gpu, p, t("ffn_down_shexp.weight")?, &s.shared_gu, fs, c.clamp_shexp[l], &s.shared_act, &s.ffn_out, false);
     moe::accumulate(gpu, p, &s.experts_out, sel, &s.ffn_out, &s.x, hidden, k);
     Ok(())

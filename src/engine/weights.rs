@@ -2,7 +2,8 @@
 //! limit is split into row ranges, each its own buffer, so no kernel ever binds more than allowed. The matrices
 //! of a layer that read the same input (a KDA layer's six projections, an MLA layer's three, a SwiGLU's gate
 //! and up) are uploaded into one buffer per type, rows back to back: a decode step computes each such stack in
-//! one dispatch ([`Weights::products`]), where a dispatch costs more than most of these products' reads.
+//! one dispatch ([`Weights::products`]), where a dispatch costs more than most of these products' reads. Which
+//! members go into which stack is decided once, at load.
 
 use crate::gguf::{SplitModel, SplitTensor};
 use crate::gpu::matmul::{self, Rows};
@@ -78,17 +79,18 @@ impl GpuTensor {
     }
 }
 
-/// Matrices of one layer that read the same input, and where each one's rows go in the output vector.
-#[derive(Clone, Debug, PartialEq)]
-pub struct InputGroup {
-    /// Names the group's stacks (`blk.{l}.{kind}`).
-    pub key: String,
-    /// Tensor names and the output offset (in floats) of each one's rows.
-    pub members: Vec<(String, u32)>,
+/// The input groups of a layer: matrices that read the same input, each one's rows going to its own offset
+/// of one output vector. A decode step computes each with [`Weights::products`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Inputs {
+    /// The attention's projections of h: [`kda_inputs_floats`] for a KDA layer, [`mla_inputs_floats`] for MLA.
+    Attention,
+    /// A SwiGLU's gate and up into one `2·ff` vector, gate first: the dense FFN, or a MoE layer's shared expert.
+    Swiglu,
 }
 
-/// Floats of a KDA layer's projections of h, as [`kda_inputs`] lays them out: q|k|v (3·D, the conv's input),
-/// the forget-gate projection (D), the β logits (n_head), the output gate (D).
+/// Floats of a KDA layer's projections of h: q|k|v (3·D, the conv's input), the forget-gate projection (D), the
+/// β logits (n_head), the output gate (D).
 pub fn kda_inputs_floats(c: &Config) -> usize {
     5 * c.kda_dim() + c.n_head
 }
@@ -99,49 +101,34 @@ pub fn kda_input_offsets(c: &Config) -> (u32, u32, u32) {
     (3 * d, 4 * d, 4 * d + c.n_head as u32)
 }
 
-/// A KDA layer's projections of h: q, k and v back to back (the conv reads them as one 3·D vector), then f_a,
-/// β and g_a ([`kda_inputs_floats`], [`kda_input_offsets`]).
-pub fn kda_inputs(c: &Config, l: usize) -> InputGroup {
-    let d = c.kda_dim() as u32;
-    let (fa, beta, z) = kda_input_offsets(c);
-    let at = [("attn_q", 0), ("attn_k", d), ("attn_v", 2 * d), ("ssm_f_a", fa), ("ssm_beta", beta), ("ssm_g_a", z)];
-    group(l, "kda_in", &at)
-}
-
-/// Floats of an MLA layer's projections of h, as [`mla_inputs`] lays them out.
+/// Floats of an MLA layer's projections of h: the query (n_head·d_qk), the latent kv (rank + rope_dim), the
+/// head gate's logits (n_head).
 pub fn mla_inputs_floats(c: &Config) -> usize {
     c.n_head * c.key_length_mla + c.kv_lora_rank + c.rope_dim + c.n_head
 }
 
-/// An MLA layer's projections of h: the query (n_head·d_qk), the latent kv (rank + rope_dim), the head gate's
-/// logits (n_head) ([`mla_inputs_floats`]).
-pub fn mla_inputs(c: &Config, l: usize) -> InputGroup {
+/// Where the latent kv and the head gate's logits start among an MLA layer's projections (after the query).
+pub fn mla_input_offsets(c: &Config) -> (u32, u32) {
     let q = (c.n_head * c.key_length_mla) as u32;
-    let kv = (c.kv_lora_rank + c.rope_dim) as u32;
-    group(l, "mla_in", &[("attn_q", 0), ("attn_kv_a_mqa", q), ("attn_gate", q + kv)])
+    (q, q + (c.kv_lora_rank + c.rope_dim) as u32)
 }
 
-/// A SwiGLU's gate and up rows into one `2·ff` vector, gate first: the dense FFN, or the shared expert of a
-/// MoE layer.
-pub fn swiglu_inputs(c: &Config, l: usize) -> InputGroup {
-    if c.is_moe_layer(l) {
-        group(l, "shexp_in", &[("ffn_gate_shexp", 0), ("ffn_up_shexp", c.ff_shared as u32)])
-    } else {
-        group(l, "ffn_in", &[("ffn_gate", 0), ("ffn_up", c.ff_dense as u32)])
-    }
-}
-
-fn group(l: usize, kind: &str, at: &[(&str, u32)]) -> InputGroup {
-    InputGroup { key: format!("blk.{l}.{kind}"), members: at.iter().map(|(name, y)| (format!("blk.{l}.{name}.weight"), *y)).collect() }
-}
-
-/// The groups of layer `l` that a decode step computes by [`Weights::products`].
-fn input_groups(c: &Config, l: usize) -> Vec<InputGroup> {
-    let attention = match c.attention[l] {
-        crate::model::Attention::Kda => kda_inputs(c, l),
-        crate::model::Attention::Mla => mla_inputs(c, l),
+/// The members of layer `l`'s group `inputs`: tensor names and the output offset (in floats) of each one's rows.
+fn members(c: &Config, l: usize, inputs: Inputs) -> Vec<(String, u32)> {
+    let at: Vec<(&str, u32)> = match (inputs, c.attention[l]) {
+        (Inputs::Attention, crate::model::Attention::Kda) => {
+            let d = c.kda_dim() as u32;
+            let (fa, beta, z) = kda_input_offsets(c);
+            vec![("attn_q", 0), ("attn_k", d), ("attn_v", 2 * d), ("ssm_f_a", fa), ("ssm_beta", beta), ("ssm_g_a", z)]
+        }
+        (Inputs::Attention, crate::model::Attention::Mla) => {
+            let (kv, gate) = mla_input_offsets(c);
+            vec![("attn_q", 0), ("attn_kv_a_mqa", kv), ("attn_gate", gate)]
+        }
+        (Inputs::Swiglu, _) if c.is_moe_layer(l) => vec![("ffn_gate_shexp", 0), ("ffn_up_shexp", c.ff_shared as u32)],
+        (Inputs::Swiglu, _) => vec![("ffn_gate", 0), ("ffn_up", c.ff_dense as u32)],
     };
-    vec![attention, swiglu_inputs(c, l)]
+    at.into_iter().map(|(name, y)| (format!("blk.{l}.{name}.weight"), y)).collect()
 }
 
 /// Stacked matrices of one type in one buffer ([`matvec::stacked`]).
@@ -151,55 +138,59 @@ pub struct Stack {
     pub segments: Vec<matvec::Segment>,
 }
 
+/// How a decode step computes one input group: one product per stack, then one per member left out of them.
+#[derive(Default)]
+pub struct GroupProducts {
+    pub stacks: Vec<Stack>,
+    /// Members computed on their own: tensor name and output offset.
+    pub loose: Vec<(String, u32)>,
+}
+
 /// A stack to be made: its matrix, size, and each member's (tensor name, byte offset in the stack).
 struct StackPlan {
-    key: String,
     matrix: Matrix,
     bytes: u64,
     members: Vec<(String, u64)>,
     segments: Vec<matvec::Segment>,
 }
 
-/// The stacks for every group of every layer: the group's members split by type (all must exist, read
-/// `hidden` values and be whole blocks), each type's members in one stack if it fits `max_binding`; a group or
-/// type that cannot be stacked stays as separate tensors.
-fn plan_stacks(config: &Config, model: &SplitModel, max_binding: u64) -> Vec<StackPlan> {
-    let infos: HashMap<&str, &crate::gguf::TensorInfo> = model.tensors.iter().map(|t| (t.info.name.as_str(), &t.info)).collect();
-    let mut plans = Vec::new();
-    for l in 0..config.n_layer {
-        for g in input_groups(config, l) {
-            let Some(members) = g.members.iter().map(|(name, y)| infos.get(name.as_str()).map(|i| (*i, *y))).collect::<Option<Vec<_>>>() else { continue };
-            // each member whole words (the next one's rows start where it ends), rows of `hidden` whole sub-blocks
-            if members.iter().any(|(i, _)| i.dims.len() != 2 || i.dims[0] != config.hidden as u64 || i.dims[0] % 32 != 0 || i.n_bytes() % 4 != 0) {
-                continue;
-            }
-            let mut types: Vec<GgmlType> = members.iter().map(|(i, _)| i.ty).collect();
-            types.sort_by_key(|t| t.id());
-            types.dedup();
-            for ty in types {
-                let of_type: Vec<_> = members.iter().filter(|(i, _)| i.ty == ty).collect();
-                let mut plan = StackPlan { key: g.key.clone(), matrix: Matrix { ty, rows: 0, cols: config.hidden as u32, byte_offset: 0 }, bytes: 0, members: Vec::new(), segments: Vec::new() };
-                for (info, y) in of_type {
-                    plan.segments.push(matvec::Segment { first_row: plan.matrix.rows, y_at: *y });
-                    plan.members.push((info.name.clone(), plan.bytes));
-                    plan.matrix.rows += info.dims[1] as u32;
-                    plan.bytes += info.n_bytes();
-                }
-                // members are whole rows and whole words, so each starts as aligned as its rows do
-                if plan.bytes <= max_binding && plan.segments.len() <= matvec::MAX_SEGMENTS {
-                    plans.push(plan);
-                }
-            }
+/// The stacks of layer `l`'s group `inputs` (with `stack` on), and the members left out of them: the members
+/// split by type (all must exist, read `hidden` values and be whole words), each type's members in one stack if
+/// it fits `max_binding`.
+fn plan_group(config: &Config, infos: &HashMap<&str, &crate::gguf::TensorInfo>, l: usize, inputs: Inputs, max_binding: u64, stack: bool) -> (Vec<StackPlan>, Vec<(String, u32)>) {
+    let all = members(config, l, inputs);
+    let found: Option<Vec<_>> = all.iter().map(|(name, y)| infos.get(name.as_str()).map(|i| (*i, *y))).collect();
+    // each member whole words (the next one's rows start where it ends), rows of `hidden` whole sub-blocks
+    let stackable = |i: &crate::gguf::TensorInfo| i.dims.len() == 2 && i.dims[0] == config.hidden as u64 && i.dims[0] % 32 == 0 && i.n_bytes() % 4 == 0;
+    let Some(found) = found.filter(|f| stack && f.iter().all(|(i, _)| stackable(i))) else { return (Vec::new(), all) };
+    let mut types: Vec<GgmlType> = found.iter().map(|(i, _)| i.ty).collect();
+    types.sort_by_key(|t| t.id());
+    types.dedup();
+    let (mut stacks, mut loose) = (Vec::new(), Vec::new());
+    for ty in types {
+        let of_type: Vec<_> = found.iter().filter(|(i, _)| i.ty == ty).collect();
+        let mut plan = StackPlan { matrix: Matrix { ty, rows: 0, cols: config.hidden as u32, byte_offset: 0 }, bytes: 0, members: Vec::new(), segments: Vec::new() };
+        for (info, y) in &of_type {
+            plan.segments.push(matvec::Segment { first_row: plan.matrix.rows, y_at: *y });
+            plan.members.push((info.name.clone(), plan.bytes));
+            plan.matrix.rows += info.dims[1] as u32;
+            plan.bytes += info.n_bytes();
+        }
+        // members are whole rows and whole words, so each starts as aligned as its rows do
+        if plan.bytes <= max_binding && plan.segments.len() <= matvec::MAX_SEGMENTS {
+            stacks.push(plan);
+        } else {
+            loose.extend(of_type.iter().map(|(info, y)| (info.name.clone(), *y)));
         }
     }
-    plans
+    (stacks, loose)
 }
 
 /// Every dense tensor of the trunk (and the globals) on the GPU, by name.
 pub struct Weights {
     pub tensors: HashMap<String, GpuTensor>,
-    /// The stacks of each input group (by [`InputGroup::key`]); a group missing here runs tensor by tensor.
-    pub stacks: HashMap<String, Vec<Stack>>,
+    /// How each layer's input groups are computed (decided at load).
+    pub groups: HashMap<(usize, Inputs), GroupProducts>,
     pub bytes: u64,
 }
 
@@ -210,21 +201,18 @@ impl Weights {
 
     /// How many stacks the input groups were uploaded as (0 when stacking is off).
     pub fn stack_count(&self) -> usize {
-        self.stacks.values().map(Vec::len).sum()
+        self.groups.values().map(|g| g.stacks.len()).sum()
     }
 
-    /// y[y_at + i] = (W·x)[i] for every member W of `group` with its own `y_at`: one dispatch per stack (the
-    /// members of one type), and one per tensor for members not stacked.
-    pub fn products(&self, gpu: &Gpu, pass: &mut Pass, group: &InputGroup, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<(), String> {
-        let stacks = self.stacks.get(&group.key).map(Vec::as_slice).unwrap_or_default();
-        for s in stacks {
+    /// y[y_at + i] = (W·x)[i] for every member W of layer `l`'s group `inputs`, each at its own `y_at`: one
+    /// dispatch per stack (the members of one type), and one per tensor for members not stacked.
+    pub fn products(&self, gpu: &Gpu, pass: &mut Pass, l: usize, inputs: Inputs, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<(), String> {
+        let group = self.groups.get(&(l, inputs)).ok_or_else(|| format!("layer {l} has no {inputs:?} products"))?;
+        for s in &group.stacks {
             matvec::stacked(gpu, pass, &s.buffer, s.matrix, &s.segments, x, 0, y);
         }
-        for (name, y_at) in &group.members {
-            let t = self.get(name)?;
-            if !t.pieces.iter().any(|p| stacks.iter().any(|s| s.buffer == p.buffer)) {
-                t.matvec(gpu, pass, x, 0, y, *y_at);
-            }
+        for (name, y_at) in &group.loose {
+            self.get(name)?.matvec(gpu, pass, x, 0, y, *y_at);
         }
         Ok(())
     }
@@ -235,14 +223,22 @@ impl Weights {
         let mut tensors = HashMap::new();
         let mut total = 0u64;
         // the stacks' buffers first; their members are written into them as they are read
-        let mut stacks: HashMap<String, Vec<Stack>> = HashMap::new();
+        let infos: HashMap<&str, &crate::gguf::TensorInfo> = model.tensors.iter().map(|t| (t.info.name.as_str(), &t.info)).collect();
+        let mut groups = HashMap::new();
         let mut stacked: HashMap<String, (wgpu::Buffer, u64)> = HashMap::new();
-        for plan in if stack { plan_stacks(config, model, max_binding) } else { Vec::new() } {
-            let buffer = gpu.storage_buffer(&plan.key, plan.bytes);
-            for (name, offset) in &plan.members {
-                stacked.insert(name.clone(), (buffer.clone(), *offset));
+        for l in 0..config.n_layer {
+            for inputs in [Inputs::Attention, Inputs::Swiglu] {
+                let (plans, loose) = plan_group(config, &infos, l, inputs, max_binding, stack);
+                let mut group = GroupProducts { stacks: Vec::new(), loose };
+                for plan in plans {
+                    let buffer = gpu.storage_buffer(&format!("blk.{l} {inputs:?} stack"), plan.bytes);
+                    for (name, offset) in &plan.members {
+                        stacked.insert(name.clone(), (buffer.clone(), *offset));
+                    }
+                    group.stacks.push(Stack { buffer, matrix: plan.matrix, segments: plan.segments });
+                }
+                groups.insert((l, inputs), group);
             }
-            stacks.entry(plan.key).or_default().push(Stack { buffer, matrix: plan.matrix, segments: plan.segments });
         }
         for t in &model.tensors {
             if !matches!(role(config, &t.info.name), Role::Global | Role::Dense { .. }) {
@@ -277,7 +273,7 @@ impl Weights {
             total += bytes.len() as u64;
             tensors.insert(t.info.name.clone(), GpuTensor { name: t.info.name.clone(), ty: t.info.ty, dims: t.info.dims.clone(), pieces });
         }
-        Ok(Weights { tensors, stacks, bytes: total })
+        Ok(Weights { tensors, groups, bytes: total })
     }
 }
 
