@@ -53,6 +53,28 @@ fn forced_small_binding_limit_gives_the_same_logits() {
     }
 }
 
+/// A resident pool split over several buffers holds each layer's experts in one of them, and a layer's expert
+/// products visit only the buffers holding its experts: a step costs the dispatches of a one-buffer pool, with
+/// the same logits.
+#[test]
+fn a_pool_in_several_buffers_costs_no_more_dispatches() {
+    let tokens = [2949u32, 3536, 786, 0];
+    let mut one = engine(&EngineOptions::default());
+    let (slot, n_expert) = (one.stats().slot_bytes, one.config.n_expert as u64);
+    // room for one and a half layers' experts per buffer: rounded down to whole layers, one each
+    let mut split = engine(&EngineOptions { max_binding: Some(slot * n_expert * 3 / 2), ..Default::default() });
+    let moe_layers = one.config.moe_layers().count();
+    assert_eq!(one.pool_buffers(), 1);
+    assert_eq!(split.pool_buffers(), moe_layers);
+    for &t in &tokens {
+        let before = [one.gpu.counters().dispatches, split.gpu.counters().dispatches];
+        let a = pollster::block_on(one.step(t)).unwrap();
+        let b = pollster::block_on(split.step(t)).unwrap();
+        assert_eq!(a, b, "token {t}");
+        assert_eq!(one.gpu.counters().dispatches - before[0], split.gpu.counters().dispatches - before[1], "token {t}");
+    }
+}
+
 /// The matrices that read the same input computed as stacks (one dispatch per type) or one by one: the same
 /// logits, bit for bit (each row's sum is the same arithmetic either way), and fewer dispatches stacked.
 #[test]

@@ -439,8 +439,7 @@ fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool
     let layout = pool.layouts[l].ok_or_else(|| format!("layer {l} has no expert record layout"))?;
     let slot_base = l as u32 * pool.n_expert;
     let same_input = Strided { offset: 0, stride: 0 };
-    for chunk in 0..pool.chunks.len() {
-        let ch = pool.chunk(chunk);
+    for ch in pool.chunks_of(l) {
         match layout.gate_up_fused() {
             Some(gate_up) => matvec::experts(gpu, p, ch, gate_up, sel, &pool.table, slot_base, k, &s.h, same_input, &s.gu, Strided { offset: 0, stride: 2 * f }),
             None => {
@@ -455,11 +454,11 @@ fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool
     if glu.is_none() {
         moe::swiglu(gpu, p, &s.gu, &s.act, f, k, c.clamp_exp[l]);
     }
-    for chunk in 0..pool.chunks.len() {
+    for ch in pool.chunks_of(l) {
         let out = Strided { offset: 0, stride: hidden };
         match glu {
-            Some(glu) => matvec::experts_glu(gpu, p, pool.chunk(chunk), layout.down, sel, &pool.table, slot_base, k, &s.gu, Strided { offset: 0, stride: 2 * f }, glu, &s.experts_out, out),
-            None => matvec::experts(gpu, p, pool.chunk(chunk), layout.down, sel, &pool.table, slot_base, k, &s.act, Strided { offset: 0, stride: f }, &s.experts_out, out),
+            Some(glu) => matvec::experts_glu(gpu, p, ch, layout.down, sel, &pool.table, slot_base, k, &s.gu, Strided { offset: 0, stride: 2 * f }, glu, &s.experts_out, out),
+            None => matvec::experts(gpu, p, ch, layout.down, sel, &pool.table, slot_base, k, &s.act, Strided { offset: 0, stride: f }, &s.experts_out, out),
         }
     }
     // the shared expert

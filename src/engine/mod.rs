@@ -300,6 +300,11 @@ impl Engine {
         self.pool.upload_path()
     }
 
+    /// How many buffers the expert pool is split over (each at most the binding limit).
+    pub fn pool_buffers(&self) -> usize {
+        self.pool.chunks.len()
+    }
+
     /// Zeroes the counters (not the cache).
     pub fn reset_stats(&mut self) {
         self.stats = CacheStats::new(&self.stats.policy, self.stats.pool_slots, self.stats.slot_bytes, self.config.n_layer);

@@ -243,6 +243,11 @@ pub struct ExpertPool {
     pub n_slots: u32,
     /// slot of (layer, expert) at `layer · n_expert + expert`; u32::MAX when not resident
     pub table: wgpu::Buffer,
+    /// The table as last written (what `table` will hold once the queued writes land).
+    mapped: Vec<u32>,
+    /// Experts of layer l mapped into pool buffer c, at `l · chunks + c`: the expert kernels are dispatched over
+    /// the buffers that hold some of the layer's experts, not over every buffer of the pool.
+    held: Vec<u32>,
     /// record layout of each trunk layer (None for dense layers)
     pub layouts: Vec<Option<RecordLayout>>,
     pub n_expert: u32,
@@ -261,7 +266,13 @@ impl ExpertPool {
         if slot_bytes > max_chunk {
             return Err(format!("one expert record ({slot_bytes} bytes) is larger than the binding limit {max_chunk}"));
         }
-        let slots_per_chunk = ((max_chunk / slot_bytes) as u32).min(n_slots.max(1));
+        let mut slots_per_chunk = ((max_chunk / slot_bytes) as u32).min(n_slots.max(1));
+        // whole layers per buffer where a layer fits: a resident layer's experts then lie in one buffer, and its
+        // expert products are one dispatch each however large the pool
+        let per_layer = tensors.n_expert.max(1);
+        if slots_per_chunk >= per_layer && n_slots > slots_per_chunk {
+            slots_per_chunk -= slots_per_chunk % per_layer;
+        }
         let n_chunks = n_slots.div_ceil(slots_per_chunk).max(1);
         let chunks: Vec<wgpu::Buffer> = (0..n_chunks)
             .map(|c| {
@@ -269,9 +280,10 @@ impl ExpertPool {
                 gpu.storage_buffer("expert pool", slots as u64 * slot_bytes)
             })
             .collect();
-        let table = vec![u32::MAX; (n_layer * tensors.n_expert as usize).max(1)];
-        let table = gpu.upload("expert slot table", bytemuck::cast_slice(&table));
-        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, table, layouts: tensors.layouts.clone(), n_expert: tensors.n_expert, staging: None })
+        let mapped = vec![u32::MAX; (n_layer * tensors.n_expert as usize).max(1)];
+        let table = gpu.upload("expert slot table", bytemuck::cast_slice(&mapped));
+        let held = vec![0; n_layer * n_chunks as usize];
+        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, table, mapped, held, layouts: tensors.layouts.clone(), n_expert: tensors.n_expert, staging: None })
     }
 
     /// Uploads records through a staging ring sized for `batch` records at a time, instead of `writeBuffer`.
@@ -337,15 +349,36 @@ impl ExpertPool {
     }
 
     /// Points (layer, expert) at `slot` (or at nothing with u32::MAX).
-    pub fn map(&self, gpu: &Gpu, layer: usize, expert: u32, slot: u32) {
-        let at = (layer as u64 * self.n_expert as u64 + expert as u64) * 4;
-        gpu.queue.write_buffer(&self.table, at, &slot.to_le_bytes());
+    pub fn map(&mut self, gpu: &Gpu, layer: usize, expert: u32, slot: u32) {
+        let at = layer * self.n_expert as usize + expert as usize;
+        self.note_mapping(at, slot);
+        gpu.queue.write_buffer(&self.table, at as u64 * 4, &slot.to_le_bytes());
+    }
+
+    /// Records that table entry `at` now holds `slot`, for [`ExpertPool::chunks_of`].
+    fn note_mapping(&mut self, at: usize, slot: u32) {
+        let layer = at / self.n_expert as usize;
+        let n_chunks = self.chunks.len();
+        let old = std::mem::replace(&mut self.mapped[at], slot);
+        if old != u32::MAX {
+            let chunk = self.place(old).0;
+            self.held[layer * n_chunks + chunk] -= 1;
+        }
+        if slot != u32::MAX {
+            let chunk = self.place(slot).0;
+            self.held[layer * n_chunks + chunk] += 1;
+        }
+    }
+
+    /// The pool buffers holding some expert of `layer`: the only ones its expert products need to visit.
+    pub fn chunks_of(&self, layer: usize) -> impl Iterator<Item = PoolChunk<'_>> + '_ {
+        let n_chunks = self.chunks.len();
+        (0..n_chunks).filter(move |&c| self.held[layer * n_chunks + c] > 0).map(|c| self.chunk(c))
     }
 
     /// A pool that holds every expert of every MoE layer, filled from `reader`, layer by layer.
     pub async fn load_resident(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, max_binding: u64, reader: &dyn RecordReader) -> Result<ExpertPool, String> {
-        let pool = ExpertPool::new(gpu, tensors, n_layer, tensors.total() as u32, max_binding)?;
-        let mut table = vec![u32::MAX; (n_layer * tensors.n_expert as usize).max(1)];
+        let mut pool = ExpertPool::new(gpu, tensors, n_layer, tensors.total() as u32, max_binding)?;
         let mut slot = 0u32;
         let all: Vec<u32> = (0..tensors.n_expert).collect();
         for l in tensors.moe_layers() {
@@ -353,12 +386,12 @@ impl ExpertPool {
             for batch in all.chunks(16) {
                 for (record, &e) in reader.read(l, batch).await?.iter().zip(batch) {
                     pool.fill(gpu, slot, record);
-                    table[l * tensors.n_expert as usize + e as usize] = slot;
+                    pool.note_mapping(l * tensors.n_expert as usize + e as usize, slot);
                     slot += 1;
                 }
             }
         }
-        gpu.queue.write_buffer(&pool.table, 0, bytemuck::cast_slice(&table));
+        gpu.queue.write_buffer(&pool.table, 0, bytemuck::cast_slice(&pool.mapped));
         Ok(pool)
     }
 }

@@ -395,8 +395,7 @@ fn experts_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, p: &Prefill, pool: &Exp
     let list_at = moe::group_list_at(max_tiles);
     moe::group(gpu, pass, &p.sel, sel_offset(c, c0), m as u32, k, c.n_expert as u32, slots, slot_base, matmul::EXPERT_TILE_TOKENS, max_tiles, &p.groups);
     let x_at = Rows::new((c0 * c.hidden) as u32, hidden);
-    for chunk in 0..pool.chunks.len() {
-        let ch = pool.chunk(chunk);
+    for ch in pool.chunks_of(l) {
         match layout.gate_up_fused() {
             Some(gate_up) => matmul::experts(gpu, pass, ch, gate_up, m as u32, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f)),
             None => {
@@ -406,8 +405,8 @@ fn experts_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, p: &Prefill, pool: &Exp
         }
     }
     moe::swiglu(gpu, pass, &p.gu, &p.act, f, m as u32 * k, c.clamp_exp[l]);
-    for chunk in 0..pool.chunks.len() {
-        matmul::experts(gpu, pass, pool.chunk(chunk), layout.down, m as u32, &p.groups, list_at, max_tiles, &p.act, Rows::new(0, f), 1, &p.experts_out, Rows::new(0, hidden));
+    for ch in pool.chunks_of(l) {
+        matmul::experts(gpu, pass, ch, layout.down, m as u32, &p.groups, list_at, max_tiles, &p.act, Rows::new(0, f), 1, &p.experts_out, Rows::new(0, hidden));
     }
     Ok(())
 }
