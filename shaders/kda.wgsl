@@ -122,7 +122,7 @@ fn kda_head_norm_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 //    w[K·c+K−1]·x_c, the channel's state (its last K−1 inputs, oldest first) moved on by x_c;
 // 2. the forget gate g_c = λ·σ(a_h·(f_a,c + dt_c)) (kda_gates' g) and β = σ(β logit);
 // 3. the delta rule (kda_delta_chunk's for one token): q, k L2-normalised (x / max(‖x‖, ε)); with value column
-//    j of S (state[h·d·d + j·d + i] = S[i][j]) reduced by `parts` lanes, each over a span of i: S decays by e^g
+//    j of S (state[h·d·d + j·d + i] = S[i][j]) reduced by DC_LANES lanes, each over a span of i: S decays by e^g
 //    along i, u_j = Σ_i S[i][j] k̂_i, δ_j = β (v_j − u_j), S[i][j] += k̂_i δ_j, o_j = Σ_i S[i][j] q̂_i / √d;
 // 4. kda_head_norm_gate: y = o / √(mean o² + ε) · ssm_norm · σ(z).
 
@@ -151,6 +151,8 @@ struct StepParams {
 @group(0) @binding(5) var<uniform> step_params: StepParams;
 
 var<workgroup> v_in: array<f32, WORKGROUP>;
+// o_j of each value column, gathered for the head norm (lane j < head_dim owns j)
+var<workgroup> o_column: array<f32, WORKGROUP>;
 
 fn store_step_conv(i: u32, value: f32) {
     if (i < 3u * step_params.n_head * step_params.head_dim * (step_params.kernel_size - 1u) && i < arrayLength(&step_conv)) {
@@ -165,19 +167,30 @@ fn store_step_state(i: u32, value: f32) {
     }
 }
 
-// Step 1 for channel c of q|k|v: the output, and the channel's conv state moved on by the input.
-fn step_conv_channel(c: u32) -> f32 {
+// Step 1 for channel c of q|k|v: the channel's last K−1 inputs (oldest first), loaded before any store (see
+// the delta rule below), then the output, with the state moved on by the input.
+fn conv_past(c: u32) -> array<f32, MAX_CONV> {
+    let past_len = step_params.kernel_size - 1u;
+    var past: array<f32, MAX_CONV>;
+    for (var i = 0u; i < MAX_CONV; i++) {
+        if (i < past_len) { past[i] = step_conv[past_len * c + i]; }
+    }
+    return past;
+}
+
+fn step_conv_channel(c: u32, past: array<f32, MAX_CONV>) -> f32 {
     let past_len = step_params.kernel_size - 1u;
     let state_base = past_len * c;
     let w_base = step_params.kernel_size * c;
     let x = step_in[c];
     var acc = 0.0;
-    for (var i = 0u; i < past_len; i++) {
-        let past = step_conv[state_base + i];
-        acc += step_consts[w_base + i] * past;
-        if (i > 0u) { store_step_conv(state_base + i - 1u, past); }
+    for (var i = 0u; i < MAX_CONV; i++) {
+        if (i < past_len) { acc += step_consts[w_base + i] * past[i]; }
     }
     acc += step_consts[w_base + past_len] * x;
+    for (var i = 1u; i < MAX_CONV; i++) {
+        if (i < past_len) { store_step_conv(state_base + i - 1u, past[i]); }
+    }
     store_step_conv(state_base + past_len - 1u, x);
     return acc / (1.0 + exp(-acc));
 }
@@ -196,9 +209,12 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     var k = 0.0;
     if (lid < d) {
         let c = head_base + lid;
-        q = step_conv_channel(c);
-        k = step_conv_channel(dim + c);
-        v_in[lid] = step_conv_channel(2u * dim + c);
+        let past_q = conv_past(c);
+        let past_k = conv_past(dim + c);
+        let past_v = conv_past(2u * dim + c);
+        q = step_conv_channel(c, past_q);
+        k = step_conv_channel(dim + c, past_k);
+        v_in[lid] = step_conv_channel(2u * dim + c, past_v);
         let a = step_consts[step_params.a_offset + h];
         let g = step_params.lower_bound * sigmoid(a * (step_in[step_params.fa_offset + c] + step_consts[step_params.dt_offset + c]));
         decay[lid] = exp(g);
@@ -214,41 +230,60 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     k_hat[lid] = k * (1.0 / max(sqrt(sum_b[0]), step_params.eps));
     workgroupBarrier();
 
-    let parts = max(1u, WORKGROUP / d);
-    let j = lid % d;
-    let part = lid / d;
-    let span = (d + parts - 1u) / parts;
-    let i_begin = min(d, part * span);
-    let i_end = min(d, i_begin + span);
-    let column = (head_base + j) * d;
-
-    var u_part = 0.0;
-    for (var i = i_begin; i < i_end; i++) {
-        let s = step_state[column + i] * decay[i];
-        store_step_state(column + i, s);
-        u_part += s * k_hat[i];
+    // kda_delta_chunk's division of S: DC_LANES lanes per value column, each over a span of key indices, DC_COLS
+    // columns at a time. A lane loads its whole span before using any of it and stores it after: loads and
+    // stores of the same buffer interleaved in a loop would each wait for the one before (a latency apiece).
+    let lane = lid % DC_LANES;
+    let col = lid / DC_LANES;
+    let span = (d + DC_LANES - 1u) / DC_LANES;
+    let i_begin = lane * span;
+    let inv_sqrt_d = 1.0 / sqrt(f32(d));
+    for (var j0 = 0u; j0 < d; j0 += DC_COLS) {
+        let j = j0 + col;
+        let valid = j < d;
+        let column = (head_base + j) * d;
+        var s: array<f32, DC_SPAN>;
+        for (var n = 0u; n < DC_SPAN; n++) {
+            let i = i_begin + n;
+            if (valid && n < span && i < d) { s[n] = step_state[column + i]; }
+        }
+        var u = 0.0;
+        for (var n = 0u; n < DC_SPAN; n++) {
+            let i = i_begin + n;
+            if (valid && n < span && i < d) {
+                s[n] *= decay[i];
+                u += s[n] * k_hat[i];
+            }
+        }
+        sum_a[lid] = u;
+        workgroupBarrier();
+        var u_total = 0.0;
+        for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
+        let delta = beta * (v_in[min(j, WORKGROUP - 1u)] - u_total);
+        var o_part = 0.0;
+        for (var n = 0u; n < DC_SPAN; n++) {
+            let i = i_begin + n;
+            if (valid && n < span && i < d) {
+                s[n] += k_hat[i] * delta;
+                o_part += s[n] * q_hat[i];
+            }
+        }
+        for (var n = 0u; n < DC_SPAN; n++) {
+            let i = i_begin + n;
+            if (valid && n < span && i < d) { store_step_state(column + i, s[n]); }
+        }
+        sum_b[lid] = o_part;
+        workgroupBarrier();
+        if (valid && lane == 0u) {
+            var o_total = 0.0;
+            for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
+            o_column[j] = o_total * inv_sqrt_d;
+        }
+        // every lane has read this pass's partials before the next pass writes them
+        workgroupBarrier();
     }
-    sum_a[lid] = u_part;
-    workgroupBarrier();
-    var u = 0.0;
-    for (var p = 0u; p < parts; p++) { u += sum_a[p * d + j]; }
-    let delta = beta * (v_in[j] - u);
-
-    var o_part = 0.0;
-    for (var i = i_begin; i < i_end; i++) {
-        let s = step_state[column + i] + k_hat[i] * delta;
-        store_step_state(column + i, s);
-        o_part += s * q_hat[i];
-    }
-    workgroupBarrier(); // every lane has read the u partials
-    sum_a[lid] = o_part;
-    workgroupBarrier();
     var o = 0.0;
-    if (lid < d) {
-        for (var p = 0u; p < parts; p++) { o += sum_a[p * d + j]; }
-        o = o * (1.0 / sqrt(f32(d)));
-    }
-    workgroupBarrier(); // every lane has read the o partials
+    if (lid < d) { o = o_column[lid]; }
 
     // kda_head_norm_gate
     sum_a[lid] = o * o;
