@@ -43,6 +43,8 @@ struct RouteParams {
 @group(0) @binding(3) var<uniform> route_params: RouteParams;
 
 var<workgroup> expert_scores: array<f32, MAX_EXPERTS>;
+// σ(logit) of each expert: the picks' weights, without reading the logits again
+var<workgroup> expert_gates: array<f32, MAX_EXPERTS>;
 var<workgroup> group_scores: array<f32, MAX_GROUPS>;
 var<workgroup> group_kept: array<bool, MAX_GROUPS>;
 var<workgroup> best_scores: array<f32, 256>;
@@ -111,7 +113,9 @@ fn moe_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg
     route_token = token;
     let group_size = p.n_expert / p.n_group;
     for (var e = lid; e < p.n_expert; e += 256u) {
-        expert_scores[e] = sigmoid(route_logit(e)) + route_bias[e];
+        let gate = sigmoid(route_logit(e));
+        expert_gates[e] = gate;
+        expert_scores[e] = gate + route_bias[e];
     }
     workgroupBarrier();
     if (lid < p.n_group) {
@@ -171,11 +175,11 @@ fn moe_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg
     if (lid == 0u) {
         var sum = 0.0;
         for (var j = 0u; j < p.n_used; j++) {
-            sum += sigmoid(route_logit(picked[j]));
+            sum += expert_gates[picked[j]];
         }
         let denominator = max(sum, MIN_WEIGHT_SUM);
         for (var j = 0u; j < p.n_used; j++) {
-            var weight = sigmoid(route_logit(picked[j]));
+            var weight = expert_gates[picked[j]];
             if (p.norm != 0u) {
                 weight /= denominator;
             }
@@ -252,7 +256,9 @@ fn routed_sum(h: u32, token: u32, p: AccumulateParams) -> f32 {
     let sel = p.sel_offset + token * (2u * p.n_used + 2u);
     let out = token * p.n_used * p.hidden + h;
     var sum = 0.0;
-    for (var j = 0u; j < p.n_used; j++) {
+    // a constant bound, so the loads of every output are issued before the first is used
+    for (var j = 0u; j < MAX_USED; j++) {
+        if (j >= p.n_used) { continue; }
         sum += bitcast<f32>(acc_sel[sel + p.n_used + j]) * acc_expert_out[out + j * p.hidden];
     }
     return sum;

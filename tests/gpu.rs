@@ -132,6 +132,11 @@ fn swiglu_matches_reference() {
 }
 
 #[test]
+fn moe_sum_norm_is_accumulate_then_rms_norm() {
+    pollster::block_on(common::mla_moe::moe_sum_norm_is_accumulate_then_rms_norm(&gpu()));
+}
+
+#[test]
 fn moe_accumulate_matches_reference() {
     pollster::block_on(common::mla_moe::moe_accumulate_matches_reference(&gpu()));
 }

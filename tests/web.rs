@@ -87,6 +87,11 @@ async fn swiglu_matches_reference() {
 }
 
 #[wasm_bindgen_test]
+async fn moe_sum_norm_is_accumulate_then_rms_norm() {
+    common::mla_moe::moe_sum_norm_is_accumulate_then_rms_norm(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn moe_accumulate_matches_reference() {
     common::mla_moe::moe_accumulate_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

@@ -248,6 +248,9 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
     dequant::record(gpu, &mut pass, &piece.buffer, embd.ty, offset, hidden, &s.x, 0);
 
     let every = LAYERS_PER_SUBMIT.load(std::sync::atomic::Ordering::Relaxed);
+    // true when the MoE layer before has left this layer's attention input in h (the residual add and the
+    // norm after it in one dispatch)
+    let mut normed = false;
     for l in 0..c.n_layer {
         if every > 0 && l > 0 && l % every == 0 && !pass.is_empty() {
             std::mem::take(&mut pass).submit(gpu);
@@ -255,7 +258,9 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
         }
         let t = |name: &str| w.get(&format!("blk.{l}.{name}"));
         let p = &mut pass;
-        norm::rms_norm(gpu, p, &s.x, 0, t("attn_norm.weight")?.whole(), &s.h, 0, hidden, eps);
+        if !std::mem::take(&mut normed) {
+            norm::rms_norm(gpu, p, &s.x, 0, t("attn_norm.weight")?.whole(), &s.h, 0, hidden, eps);
+        }
         match &s.layers[l] {
             LayerState::Kda { conv, recurrent, consts } => kda_layer(gpu, p, c, w, l, s, conv, recurrent, consts)?,
             LayerState::Mla { cache } => mla_layer(gpu, p, c, w, l, s, cache, pos)?,
@@ -276,7 +281,8 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
                     serve_layer(gpu, c, pool, cache, reader.as_ref(), sel, l, stats).await?;
                 }
             }
-            moe_experts(gpu, &mut pass, c, w, s, pool, sel, l)?;
+            let next_norm = if l + 1 < c.n_layer { w.get(&format!("blk.{}.attn_norm.weight", l + 1))? } else { w.get("output_norm.weight")? };
+            normed = moe_experts(gpu, &mut pass, c, w, s, pool, sel, l, next_norm.whole())?;
         } else {
             let f = c.ff_dense as u32;
             w.products(gpu, p, l, Inputs::Swiglu, &s.h, &s.gu)?;
@@ -284,7 +290,9 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
         }
     }
     let p = &mut pass;
-    norm::rms_norm(gpu, p, &s.x, 0, w.get("output_norm.weight")?.whole(), &s.h, 0, hidden, eps);
+    if !normed {
+        norm::rms_norm(gpu, p, &s.x, 0, w.get("output_norm.weight")?.whole(), &s.h, 0, hidden, eps);
+    }
     w.get("output.weight").or_else(|_| w.get("token_embd.weight"))?.matvec(gpu, p, &s.h, 0, &s.logits, 0);
     norm::argmax(gpu, p, &s.logits, s.vocab as u32, &s.argmax);
     pass.submit(gpu);
@@ -430,9 +438,10 @@ fn moe_route(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, sel: 
     Ok(())
 }
 
-/// The selected experts (read from their pool slots), the shared expert, and their sum added to `x`.
+/// The selected experts (read from their pool slots), the shared expert, and their sum added to `x`; where
+/// rows are short enough, the same dispatch leaves `next_norm`'s RMSNorm of the new `x` in `h` (returns true).
 #[allow(clippy::too_many_arguments)]
-fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool: &ExpertPool, sel: &wgpu::Buffer, l: usize) -> Result<(), String> {
+fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool: &ExpertPool, sel: &wgpu::Buffer, l: usize, next_norm: &wgpu::Buffer) -> Result<bool, String> {
     let t = |name: &str| w.get(&format!("blk.{l}.{name}"));
     let (k, hidden) = (c.n_expert_used as u32, c.hidden as u32);
     let (f, fs) = (c.ff_expert as u32, c.ff_shared as u32);
@@ -464,6 +473,10 @@ fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool
     // the shared expert
     w.products(gpu, p, l, Inputs::Swiglu, &s.h, &s.shared_gu)?;
     down_of_swiglu(gpu, p, t("ffn_down_shexp.weight")?, &s.shared_gu, fs, c.clamp_shexp[l], &s.shared_act, &s.ffn_out, false);
+    if hidden <= norm::SUM_NORM_MAX {
+        norm::moe_sum_norm(gpu, p, &s.experts_out, sel, &s.ffn_out, k, &s.x, next_norm, &s.h, hidden, c.rms_eps);
+        return Ok(true);
+    }
     moe::accumulate(gpu, p, &s.experts_out, sel, &s.ffn_out, &s.x, hidden, k);
-    Ok(())
+    Ok(false)
 }

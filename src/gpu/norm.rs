@@ -19,6 +19,19 @@ pub fn rms_norm_rows(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, x_
     pass.dispatch(gpu, &kernel, &[x, w, y], &params, rows);
 }
 
+/// The longest row [`moe_sum_norm`] takes (held in registers by one workgroup: `WG · HELD` in norm.wgsl).
+pub const SUM_NORM_MAX: u32 = 4096;
+
+/// A decode token's MoE residual add, then the next RMSNorm, in one dispatch: `x += (Σ_j w_j·expert_out[j·n ..])
+/// + shared` as [`super::moe::accumulate`] adds it (the same sums, in the same order), then
+/// `y = x / √(mean x² + ε) · w` as [`rms_norm`] computes it. `n` ≤ [`SUM_NORM_MAX`].
+#[allow(clippy::too_many_arguments)]
+pub fn moe_sum_norm(gpu: &Gpu, pass: &mut Pass, expert_out: &wgpu::Buffer, sel: &wgpu::Buffer, shared: &wgpu::Buffer, n_used: u32, x: &wgpu::Buffer, w: &wgpu::Buffer, y: &wgpu::Buffer, n: u32, eps: f32) {
+    assert!(n <= SUM_NORM_MAX, "moe_sum_norm takes rows of at most {SUM_NORM_MAX} values, not {n}");
+    let kernel = gpu.kernel("norm.wgsl", NORM, "moe_sum_norm");
+    pass.dispatch(gpu, &kernel, &[x, w, y, expert_out, sel, shared], &[P::U(n), P::U(n_used), P::F(eps)], 1);
+}
+
 /// Workgroups of the argmax's first stage (`PARTS` in the shader).
 const ARGMAX_PARTS: u64 = 256;
 /// Bytes of the buffer [`argmax`] writes: the pick (2 words) and the first stage's partials.

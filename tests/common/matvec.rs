@@ -278,21 +278,23 @@ pub async fn swiglu_products_match_activation_then_product(gpu: &Gpu) {
 pub async fn rms_norm_and_argmax_match_reference(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
-    let n = 300;
-    let x: Vec<f32> = (0..n + 4).map(|_| rng.normal() * 3.0).collect();
-    let w: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * rng.normal()).collect();
-    let eps = 1e-6f32;
-    let (x_buf, w_buf) = (gpu.upload("x", &f32_bytes(&x)), gpu.upload("w", &f32_bytes(&w)));
-    let y_buf = poisoned(gpu, "y", n + 2);
-    let mut pass = Pass::new();
-    norm::rms_norm(gpu, &mut pass, &x_buf, 4, &w_buf, &y_buf, 2, n as u32, eps);
-    pass.submit(gpu);
-    let y = read_f32(gpu, &y_buf, n + 2).await;
-    let xs = &x[4..];
-    let mean_sq = xs.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
-    let want: Vec<f64> = xs.iter().zip(&w).map(|(&v, &wi)| v as f64 / (mean_sq + eps as f64).sqrt() * wi as f64).collect();
-    assert_close(&format!("rms_norm (seed {seed})"), &y[2..], &want, 1e-6, 1e-5);
-    assert!(y[0].is_nan() && y[1].is_nan());
+    // rows held in registers (up to 4096 values: 300, exactly 4096) and one too long for that (5000)
+    for n in [300usize, 4096, 5000] {
+        let x: Vec<f32> = (0..n + 4).map(|_| rng.normal() * 3.0).collect();
+        let w: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * rng.normal()).collect();
+        let eps = 1e-6f32;
+        let (x_buf, w_buf) = (gpu.upload("x", &f32_bytes(&x)), gpu.upload("w", &f32_bytes(&w)));
+        let y_buf = poisoned(gpu, "y", n + 2);
+        let mut pass = Pass::new();
+        norm::rms_norm(gpu, &mut pass, &x_buf, 4, &w_buf, &y_buf, 2, n as u32, eps);
+        pass.submit(gpu);
+        let y = read_f32(gpu, &y_buf, n + 2).await;
+        let xs = &x[4..];
+        let mean_sq = xs.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+        let want: Vec<f64> = xs.iter().zip(&w).map(|(&v, &wi)| v as f64 / (mean_sq + eps as f64).sqrt() * wi as f64).collect();
+        assert_close(&format!("rms_norm of {n} (seed {seed})"), &y[2..], &want, 1e-6, 1e-5);
+        assert!(y[0].is_nan() && y[1].is_nan());
+    }
 
     // argmax: a tie between two maxima picks the lower index, within one workgroup's share (1001 values) and
     // across the first stage's workgroups (a vocabulary of Ling's size), the maximum also last or first

@@ -3,7 +3,7 @@
 
 use super::{assert_close, f32_bytes, poisoned, read_f32, Rand};
 use lingtab::gpu::moe::{selection_words, Selection};
-use lingtab::gpu::{mla, moe, Gpu, Pass};
+use lingtab::gpu::{mla, moe, norm, Gpu, Pass};
 
 /// Logs a line on the console of the harness (stderr natively, the browser console on the web).
 fn report(msg: &str) {
@@ -462,6 +462,39 @@ pub async fn moe_accumulate_matches_reference(gpu: &Gpu) {
             })
             .collect();
         check(&format!("accumulate H {hidden} k {n_used} shared {with_shared} (seed {seed})"), &got, &want, 1e-5, 1e-6);
+    }
+}
+
+/// The fused residual add and RMSNorm of a decode step equals moe_accumulate then rms_norm bit for bit (the same
+/// sums in the same order), for rows held in registers up to the longest it takes; nothing past h's row is
+/// written.
+pub async fn moe_sum_norm_is_accumulate_then_rms_norm(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    for (hidden, n_used) in [(300u32, 8u32), (2560, 8), (norm::SUM_NORM_MAX, 3)] {
+        let (h, k) = (hidden as usize, n_used as usize);
+        let expert_out = gpu.upload("expert out", &f32_bytes(&rng.normals(k * h, 1.0)));
+        let mut sel: Vec<u32> = (0..k).map(|_| (rng.next_u64() % 512) as u32).collect();
+        sel.extend((0..k).map(|_| rng.uniform(0.05, 1.0).to_bits()));
+        sel.extend([f32::INFINITY.to_bits(), 0.5f32.to_bits()]);
+        let sel = gpu.upload("sel", bytemuck::cast_slice(&sel));
+        let shared = gpu.upload("shared", &f32_bytes(&rng.normals(h, 1.0)));
+        let w = gpu.upload("norm weight", &f32_bytes(&(0..h).map(|_| 1.0 + 0.1 * rng.normal()).collect::<Vec<f32>>()));
+        let x = f32_bytes(&rng.normals(h, 3.0));
+        let (x_apart, x_fused) = (gpu.upload("x", &x), gpu.upload("x", &x));
+        let (y_apart, y_fused) = (poisoned(gpu, "y", h + 3), poisoned(gpu, "y", h + 3));
+        let eps = 1e-6;
+        let mut pass = Pass::new();
+        moe::accumulate(gpu, &mut pass, &expert_out, &sel, &shared, &x_apart, hidden, n_used);
+        norm::rms_norm(gpu, &mut pass, &x_apart, 0, &w, &y_apart, 0, hidden, eps);
+        norm::moe_sum_norm(gpu, &mut pass, &expert_out, &sel, &shared, n_used, &x_fused, &w, &y_fused, hidden, eps);
+        pass.submit(gpu);
+        let what = format!("H {hidden} k {n_used} (seed {seed})");
+        let (xa, xf) = (read_f32(gpu, &x_apart, h).await, read_f32(gpu, &x_fused, h).await);
+        assert!(xa.iter().zip(&xf).all(|(a, b)| a.to_bits() == b.to_bits()), "x, {what}");
+        let (ya, yf) = (read_f32(gpu, &y_apart, h + 3).await, read_f32(gpu, &y_fused, h + 3).await);
+        assert!(ya[..h].iter().zip(&yf[..h]).all(|(a, b)| a.to_bits() == b.to_bits() && a.is_finite()), "h, {what}");
+        assert!(yf[h..].iter().all(|v| v.is_nan()), "written past the row, {what}");
     }
 }
 
