@@ -40,6 +40,8 @@ struct Params {
     // activation (moe.wgsl's swiglu, with its clamp when glu_limit > 1e-6)
     glu_ff: u32,
     glu_limit: f32,
+    // RMSNorm variants: the product's input is rms_norm(x)·norm_w with this ε (see stage_x)
+    norm_eps: f32,
 }
 
 const WG: u32 = 256u;
@@ -78,8 +80,10 @@ fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 
 
 // The SwiGLU variants (matvec.rs swaps these for a version that computes the activation of the batch's
 // [gate | up] into workgroup memory, once per workgroup, and has x1/x4 read it there): the down product of an
-// FFN then needs no swiglu dispatch before it. Returns where rows_dot finds x: `xb`, or 0 in workgroup memory.
-fn stage_x(xb: u32, lid: u32) -> u32 { return xb; }
+// FFN then needs no swiglu dispatch before it. The RMSNorm variants likewise stage norm.wgsl's rms_norm of x
+// (its sums in its order) and have the first workgroup write it out too: the MoE router's product is then the
+// FFN's norm as well. Returns where rows_dot finds x: `xb`, or 0 in workgroup memory.
+fn stage_x(xb: u32, lid: u32, first: bool) -> u32 { return xb; }
 
 // Words i.. of a row read from byte 4·i + s/8 (s 0 or 16: Q6_K blocks are 210 bytes, so every other one starts
 // mid-word). The branch is uniform where the rows of a warp share an alignment (row bytes a multiple of 4).
@@ -288,7 +292,7 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: v
     // workgroups past the last row (a grid rounded up over two dimensions) do nothing
     if (first >= p.rows) { return; }
     let b = wg.z;
-    let xb = stage_x(p.x_offset + b * p.x_stride, lid);
+    let xb = stage_x(p.x_offset + b * p.x_stride, lid, all(wg == vec3<u32>(0u)));
     let sums = rows_dot(p.w_offset + b * p.w_stride, first, xb, lid);
     store_rows(first, lid, p.y_offset + b * p.y_stride, sums);
 }

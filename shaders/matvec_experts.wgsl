@@ -22,7 +22,7 @@ fn matvec_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let slot = workgroupUniformLoad(&selected_slot);
     if (slot / p.slots_per_chunk != p.chunk) { return; }
     let base = (slot % p.slots_per_chunk) * p.slot_bytes + p.w_offset;
-    let xb = stage_x(p.x_offset + j * p.x_stride, lid);
+    let xb = stage_x(p.x_offset + j * p.x_stride, lid, false);
     let sums = rows_dot(base, first, xb, lid);
     store_rows(first, lid, p.y_offset + j * p.y_stride, sums);
 }

@@ -72,6 +72,11 @@ fn grouped_expert_matmul_reads_each_pairs_expert() {
 }
 
 #[test]
+fn norm_products_match_norm_then_product() {
+    pollster::block_on(common::matvec::norm_products_match_norm_then_product(&gpu()));
+}
+
+#[test]
 fn rms_norm_and_argmax_match_reference() {
     pollster::block_on(common::matvec::rms_norm_and_argmax_match_reference(&gpu()));
 }

@@ -230,6 +230,11 @@ async fn grouped_expert_matmul_reads_each_pairs_expert() {
 }
 
 #[wasm_bindgen_test]
+async fn norm_products_match_norm_then_product() {
+    common::matvec::norm_products_match_norm_then_product(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn rms_norm_and_argmax_match_reference() {
     common::matvec::rms_norm_and_argmax_match_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

@@ -266,10 +266,10 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
             LayerState::Mla { cache } => mla_layer(gpu, p, c, w, l, s, cache, pos)?,
         }
 
-        norm::rms_norm(gpu, p, &s.x, 0, t("ffn_norm.weight")?.whole(), &s.h, 0, hidden, eps);
+        let ffn_norm = t("ffn_norm.weight")?.whole();
         if c.is_moe_layer(l) {
             let sel = s.sel[l].as_ref().expect("MoE layers have a selection buffer");
-            moe_route(gpu, p, c, &t, s, sel)?;
+            moe_route(gpu, p, c, &t, s, ffn_norm, sel)?;
             match experts {
                 Experts::Resident => {
                     stats.hits += c.n_expert_used as u64;
@@ -285,6 +285,7 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
             normed = moe_experts(gpu, &mut pass, c, w, s, pool, sel, l, next_norm.whole())?;
         } else {
             let f = c.ff_dense as u32;
+            norm::rms_norm(gpu, p, &s.x, 0, ffn_norm, &s.h, 0, hidden, eps);
             w.products(gpu, p, l, Inputs::Swiglu, &s.h, &s.gu)?;
             down_of_swiglu(gpu, p, t("ffn_down.weight")?, &s.gu, f, c.clamp_shexp[l], &s.act, &s.x, true);
         }
@@ -431,8 +432,17 @@ fn down_of_swiglu(gpu: &Gpu, p: &mut Pass, down: &GpuTensor, gu: &wgpu::Buffer, 
     }
 }
 
-fn moe_route(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, sel: &wgpu::Buffer) -> Result<(), String> {
-    t("ffn_gate_inp.weight")?.matvec(gpu, p, &s.h, 0, &s.router_logits, 0);
+/// The FFN's norm of x into h and the router's choice for it: the router's product computes the norm as it
+/// reads x (and leaves it in h) where rows are short enough, a dispatch fewer.
+#[allow(clippy::too_many_arguments)]
+fn moe_route(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, ffn_norm: &wgpu::Buffer, sel: &wgpu::Buffer) -> Result<(), String> {
+    let router = t("ffn_gate_inp.weight")?;
+    if c.hidden as u32 <= matvec::NORM_MAX_COLS {
+        router.matvec_norm(gpu, p, &s.x, matvec::Norm { w: ffn_norm, eps: c.rms_eps, out: &s.h }, &s.router_logits, 0);
+    } else {
+        norm::rms_norm(gpu, p, &s.x, 0, ffn_norm, &s.h, 0, c.hidden as u32, c.rms_eps);
+        router.matvec(gpu, p, &s.h, 0, &s.router_logits, 0);
+    }
     let (k, groups, used) = (c.n_expert_used as u32, c.n_expert_group as u32, c.n_group_used as u32);
     moe::route(gpu, p, &s.router_logits, t("exp_probs_b.bias")?.whole(), sel, c.n_expert as u32, k, groups, used, c.expert_weights_norm, c.expert_weights_scale);
     Ok(())

@@ -61,6 +61,11 @@ impl GpuTensor {
     pub fn matvec_add(&self, gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
         self.per_piece(|p, m| matvec::matvec_add(gpu, pass, &p.buffer, m, x, x_at, y, y_at + p.first_row as u32));
     }
+    /// y[y_at + r] = (W·rms_norm(x))[r] for all rows, the norm ([`matvec::Norm`]) computed by the product, which
+    /// also leaves it in `norm.out`; one dispatch per piece.
+    pub fn matvec_norm(&self, gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, norm: matvec::Norm, y: &wgpu::Buffer, y_at: u32) {
+        self.per_piece(|p, m| matvec::matvec_norm(gpu, pass, &p.buffer, m, x, 0, norm, y, y_at + p.first_row as u32));
+    }
     /// y[r] (+)= (W·a(gu))[r] for all rows, `a` a SwiGLU's activation of `gu` ([`matvec::matvec_glu`]).
     pub fn matvec_glu(&self, gpu: &Gpu, pass: &mut Pass, gu: &wgpu::Buffer, glu: matvec::Glu, y: &wgpu::Buffer, accumulate: bool) {
         self.per_piece(|p, m| matvec::matvec_glu(gpu, pass, &p.buffer, m, gu, 0, glu, y, p.first_row as u32, accumulate));

@@ -83,13 +83,15 @@ const X_VEC4: [&str; 3] = [
     "fn x4(i: u32) -> vec4<f32> { return x[i >> 2u]; }",
 ];
 
-/// How a product reads its x: as f32, as vec4 (every offset a multiple of 4), or as the SwiGLU activation of
-/// [gate | up] pairs, staged in workgroup memory ([`GLU_MAX_COLS`] at most).
+/// How a product reads its x: as f32, as vec4 (every offset a multiple of 4), as the SwiGLU activation of
+/// [gate | up] pairs ([`GLU_MAX_COLS`] at most), or as its RMSNorm ([`NORM_MAX_COLS`] at most), the last two
+/// staged in workgroup memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum XRead {
     Scalar,
     Vec4,
     Glu,
+    Norm,
 }
 
 /// A variant, how x is read, subgroup lanes, the expert entry point.
@@ -130,6 +132,14 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool) -> &'static s
                 }
                 swap(STAGE_X, STAGE_GLU);
             }
+            XRead::Norm => {
+                assert!(!experts, "the RMSNorm variant is a dense product's");
+                for (from, to) in X_SCALAR[1..].iter().zip(X_NORMED) {
+                    swap(from, to);
+                }
+                swap(STAGE_X, STAGE_NORM);
+                swap(DENSE_PARAMS, NORM_BINDINGS);
+            }
         }
         Box::leak(s.into_boxed_str())
     })
@@ -141,10 +151,61 @@ const X_GLU: [&str; 2] = [
     "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x_glu[i], x_glu[i + 1u], x_glu[i + 2u], x_glu[i + 3u]); }",
 ];
 
-const STAGE_X: &str = "fn stage_x(xb: u32, lid: u32) -> u32 { return xb; }";
+const STAGE_X: &str = "fn stage_x(xb: u32, lid: u32, first: bool) -> u32 { return xb; }";
+
+/// x1/x4 of an RMSNorm variant: the staged norm.
+const X_NORMED: [&str; 2] = [
+    "fn x1(i: u32) -> f32 { return x_normed[i]; }",
+    "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x_normed[i], x_normed[i + 1u], x_normed[i + 2u], x_normed[i + 3u]); }",
+];
+
+const DENSE_PARAMS: &str = "@group(0) @binding(3) var<uniform> p: Params;";
+/// An RMSNorm variant's bindings: the norm's weights, where the first workgroup writes the norm, then Params.
+const NORM_BINDINGS: &str = "@group(0) @binding(3) var<storage, read> norm_w: array<f32>;
+@group(0) @binding(4) var<storage, read_write> norm_out: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;";
+
+/// The longest row an RMSNorm product takes (its norm staged in 12 KiB of workgroup memory, beside a reduction
+/// of up to 4 KiB).
+pub const NORM_MAX_COLS: u32 = 3072;
+
+/// rms_norm(x)·norm_w of the row at xb, computed as norm.wgsl's rms_norm computes it (each invocation's sum of
+/// squares over values lid + k·WG in order, then the same tree), staged in workgroup memory; the first
+/// workgroup writes it to norm_out as well.
+const STAGE_NORM: &str = "var<workgroup> x_normed: array<f32, 3072>;
+const NORM_HELD: u32 = 12u;
+fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
+    let n = min(p.cols, 3072u);
+    var acc = 0.0;
+    for (var k = 0u; k < NORM_HELD; k++) {
+        let i = lid + k * WG;
+        if (i < n) {
+            let v = x[xb + i];
+            x_normed[i] = v;
+            acc += v * v;
+        }
+    }
+    partial[lid] = acc;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { partial[lid] += partial[lid + s]; }
+        workgroupBarrier();
+    }
+    let scale = 1.0 / sqrt(partial[0] / f32(n) + p.norm_eps);
+    for (var k = 0u; k < NORM_HELD; k++) {
+        let i = lid + k * WG;
+        if (i < n) {
+            let v = (x_normed[i] * scale) * norm_w[i];
+            x_normed[i] = v;
+            if (first && i < arrayLength(&norm_out)) { norm_out[i] = v; }
+        }
+    }
+    workgroupBarrier();
+    return 0u;
+}";
 /// The activations of the row's inputs, each computed once per workgroup as moe.wgsl's swiglu computes it.
 const STAGE_GLU: &str = "var<workgroup> x_glu: array<f32, 2048>;
-fn stage_x(xb: u32, lid: u32) -> u32 {
+fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
     for (var i = lid; i < min(p.cols, 2048u); i += WG) {
         let g = x[xb + i];
         var up = x[xb + p.glu_ff + i];
@@ -180,16 +241,19 @@ fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool) -> std::rc::Rc<su
         XRead::Scalar => "",
         XRead::Vec4 => " x4",
         XRead::Glu => " glu",
+        XRead::Norm => " norm",
     };
     let label = format!("{name}.wgsl {}{read}{}", v.name(), if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
     gpu.kernel_with(&label, name, || source(v, x_read, subgroup, experts))
 }
 
-/// How the product reads x: the SwiGLU activation of [gate | up] pairs (`glu`), else as vec4 where every offset
-/// is a multiple of 4 floats and the buffer whole vec4s, else as f32.
-fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, glu: Option<Glu>) -> XRead {
-    if glu.is_some() {
+/// How the product reads x: the SwiGLU activation of [gate | up] pairs, the RMSNorm of x, else as vec4 where
+/// every offset is a multiple of 4 floats and the buffer whole vec4s, else as f32.
+fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, input: Input) -> XRead {
+    if matches!(input, Input::Glu(_)) {
         XRead::Glu
+    } else if matches!(input, Input::Norm(_)) {
+        XRead::Norm
     } else if !v.scalar_x && at.offset % 4 == 0 && at.stride % 4 == 0 && x.size() % 16 == 0 {
         XRead::Vec4
     } else {
@@ -203,6 +267,25 @@ fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, glu: Option<Glu>) -> XRead 
 pub struct Glu {
     pub ff: u32,
     pub limit: f32,
+}
+
+/// A product whose input is the RMSNorm of x: `x / √(mean x² + ε) · w`, computed as [`super::norm::rms_norm`]
+/// computes it, by each workgroup as it reads x; the first workgroup also writes it to `out` (x's length), for
+/// the products after this one. The norm's dispatch before the product is not needed.
+#[derive(Clone, Copy, Debug)]
+pub struct Norm<'a> {
+    pub w: &'a wgpu::Buffer,
+    pub eps: f32,
+    pub out: &'a wgpu::Buffer,
+}
+
+/// What a product's x is: the vector itself, a SwiGLU's [gate | up] ([`Glu`]), or a vector to normalise
+/// ([`Norm`]).
+#[derive(Clone, Copy, Debug)]
+enum Input<'a> {
+    Plain,
+    Glu(Glu),
+    Norm(Norm<'a>),
 }
 
 /// A matrix of `rows` rows of `cols` values of type `ty`, starting at `byte_offset` of its buffer.
@@ -259,7 +342,7 @@ pub fn batched_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: M
 
 #[allow(clippy::too_many_arguments)]
 fn dense(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool) {
-    dense_segments(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, accumulate, &[], None);
+    dense_segments(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, accumulate, &[], Input::Plain);
 }
 
 /// [`matvec`] (`accumulate`: [`matvec_add`]) of a SwiGLU's activation: x at `x_at` holds the gate, `glu.ff`
@@ -267,19 +350,40 @@ fn dense(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_
 /// `m.cols` ≤ [`GLU_MAX_COLS`].
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_glu(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, glu: Glu, y: &wgpu::Buffer, y_at: u32, accumulate: bool) {
-    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, accumulate, &[], Some(glu));
+    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, accumulate, &[], Input::Glu(glu));
+}
+
+/// [`matvec`] of x's RMSNorm ([`Norm`]), which the product also leaves in `norm.out`. `m.cols` ≤
+/// [`NORM_MAX_COLS`].
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_norm(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, norm: Norm, y: &wgpu::Buffer, y_at: u32) {
+    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, false, &[], Input::Norm(norm));
 }
 
 #[allow(clippy::too_many_arguments)]
-fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], glu: Option<Glu>) {
+fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], input: Input) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
-    assert!(glu.is_none() || m.cols <= GLU_MAX_COLS, "a SwiGLU product's rows are at most {GLU_MAX_COLS} values");
-    let kernel = kernel(gpu, v, x_read(v, x, x_at, glu), false);
+    check_input(m, input);
+    let kernel = kernel(gpu, v, x_read(v, x, x_at, input), false);
     let mut params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0], accumulate);
     set_segments(&mut params, segments);
-    set_glu(&mut params, glu);
+    set_input(&mut params, input);
     let (gx, gy) = gpu.grid(workgroups(m, v));
-    pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n));
+    match input {
+        Input::Norm(norm) => {
+            assert!(n == 1, "an RMSNorm product has one x");
+            pass.dispatch_3d(gpu, &kernel, &[w, x, y, norm.w, norm.out], &params, (gx, gy, n));
+        }
+        _ => pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n)),
+    }
+}
+
+fn check_input(m: Matrix, input: Input) {
+    match input {
+        Input::Plain => {}
+        Input::Glu(_) => assert!(m.cols <= GLU_MAX_COLS, "a SwiGLU product's rows are at most {GLU_MAX_COLS} values"),
+        Input::Norm(_) => assert!(m.cols <= NORM_MAX_COLS, "an RMSNorm product's rows are at most {NORM_MAX_COLS} values"),
+    }
 }
 
 /// Where the rows of one of several stacked matrices go: rows `first_row..` of the stack (up to the next
@@ -300,7 +404,7 @@ pub const MAX_SEGMENTS: usize = 8;
 pub fn stacked(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, segments: &[Segment], x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer) {
     assert!(!segments.is_empty() && segments.len() <= MAX_SEGMENTS, "a stack holds 1..={MAX_SEGMENTS} matrices");
     assert!(segments[0].first_row == 0 && segments.windows(2).all(|s| s[0].first_row < s[1].first_row) && segments.last().unwrap().first_row < m.rows, "segments ascend from row 0 within the stack");
-    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(0), 1, false, segments, None);
+    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(0), 1, false, segments, Input::Plain);
 }
 
 /// The segment words of matvec.wgsl's Params (count, then 8 starts and 8 y offsets); none for a plain product.
@@ -315,14 +419,20 @@ fn set_segments(params: &mut [P], segments: &[Segment]) {
 
 /// Words of Params from `segments` on: the count padded to 16 bytes, then the two tables.
 const SEGMENT_WORDS: usize = 4 + 2 * MAX_SEGMENTS;
-/// Where `segments` is among Params' words, and after the tables `glu_ff` and `glu_limit` (padded to 16 bytes).
+/// Where `segments` is among Params' words, and after the tables `glu_ff`, `glu_limit` and `norm_eps` (padded to
+/// 16 bytes).
 const SEGMENTS_AT: usize = 16;
 const GLU_AT: usize = SEGMENTS_AT + SEGMENT_WORDS;
 
-fn set_glu(params: &mut [P], glu: Option<Glu>) {
-    if let Some(g) = glu {
-        params[GLU_AT] = P::U(g.ff);
-        params[GLU_AT + 1] = P::F(g.limit);
+/// The SwiGLU words (glu_ff, glu_limit) or the RMSNorm's (norm_eps) after the segment tables.
+fn set_input(params: &mut [P], input: Input) {
+    match input {
+        Input::Plain => {}
+        Input::Glu(g) => {
+            params[GLU_AT] = P::U(g.ff);
+            params[GLU_AT + 1] = P::F(g.limit);
+        }
+        Input::Norm(n) => params[GLU_AT + 2] = P::F(n.eps),
     }
 }
 
@@ -360,10 +470,11 @@ pub fn experts_glu(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel:
 #[allow(clippy::too_many_arguments)]
 fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, glu: Option<Glu>, y: &wgpu::Buffer, y_at: Strided) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
-    assert!(glu.is_none() || m.cols <= GLU_MAX_COLS, "a SwiGLU product's rows are at most {GLU_MAX_COLS} values");
-    let kernel = kernel(gpu, v, x_read(v, x, x_at, glu), true);
+    let input = glu.map_or(Input::Plain, Input::Glu);
+    check_input(m, input);
+    let kernel = kernel(gpu, v, x_read(v, x, x_at, input), true);
     let mut params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index], false);
-    set_glu(&mut params, glu);
+    set_input(&mut params, input);
     let (gx, gy) = gpu.grid(workgroups(m, v));
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, k));
 }

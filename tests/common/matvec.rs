@@ -275,6 +275,39 @@ pub async fn swiglu_products_match_activation_then_product(gpu: &Gpu) {
     }
 }
 
+/// A product of x's RMSNorm computed in the product ([`matvec::Norm`]): the norm it leaves in `out` matches an
+/// f64 RMSNorm, nothing is written past it, and the product is the matrix times that norm, for the router's type
+/// and for quantised rows up to the longest a norm product takes.
+pub async fn norm_products_match_norm_then_product(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    let rows = 70;
+    for (ty, cols) in [(GgmlType::F32, 2560), (GgmlType::Q4_K, 768), (GgmlType::Q4_K, matvec::NORM_MAX_COLS as usize)] {
+        let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+        let w_buf = gpu.upload("w", &bytes);
+        let lead = 4;
+        let x = rng.normals(lead + cols, 3.0);
+        let norm_w: Vec<f32> = (0..cols).map(|_| 1.0 + 0.1 * rng.normal()).collect();
+        let (x_buf, norm_w_buf) = (gpu.upload("x", &f32_bytes(&x)), gpu.upload("norm w", &f32_bytes(&norm_w)));
+        let (out, y) = (poisoned(gpu, "norm out", cols + 2), poisoned(gpu, "y", rows + 3));
+        let eps = 1e-6f32;
+        let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
+        let mut pass = Pass::new();
+        matvec::matvec_norm(gpu, &mut pass, &w_buf, m, &x_buf, lead as u32, matvec::Norm { w: &norm_w_buf, eps, out: &out }, &y, 3);
+        pass.submit(gpu);
+        let what = format!("{ty}×{cols} (seed {seed})");
+        let xs = &x[lead..];
+        let mean_sq = xs.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+        let want: Vec<f64> = xs.iter().zip(&norm_w).map(|(&v, &wi)| v as f64 / (mean_sq + eps as f64).sqrt() * wi as f64).collect();
+        let normed = read_f32(gpu, &out, cols + 2).await;
+        assert_close(&format!("norm of {what}"), &normed[..cols], &want, 1e-6, 1e-5);
+        assert!(normed[cols..].iter().all(|v| v.is_nan()), "{what}: wrote past the norm");
+        let y = read_f32(gpu, &y, rows + 3).await;
+        assert!(y[..3].iter().all(|v| v.is_nan()), "{what}: wrote before y_at");
+        check(&what, &y[3..], &w, &normed[..cols], rows, cols);
+    }
+}
+
 pub async fn rms_norm_and_argmax_match_reference(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
