@@ -49,8 +49,6 @@ const WG: u32 = 256u;
 const ROWS: u32 = 2u;
 // quants to f32 through the exponent bits of 2^23 (an OR and a subtraction) rather than an int conversion
 const MAGIC: bool = true;
-// Q4_K/Q6_K blocks per loop iteration of a lane: 1, or 2 (see rows_dot)
-const PAIRS: u32 = 1u;
 var<workgroup> partial: array<f32, WG * ROWS>;
 
 // Lanes a subgroup is sure to hold, and the sum of v over each aligned run of `width` (≤ SUBGROUP) of them.
@@ -168,23 +166,6 @@ fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, sums: vec2<f32>) -> f32 
     return dm.x * (f32(sc.x) * lo + f32(sc.y) * hi) - dm.y * dot(vec2<f32>(mn), sums);
 }
 
-// Lane t's share of a Q4_K or Q6_K block (p.ty): its x values at `xb`, their sums the block's dot needs (Q6_K:
-// q6k_bias; Q4_K: q4k_sums, then 0s), and its dot with the block at byte `block`.
-fn k_x(xb: u32, t: u32) -> array<vec4<f32>, 4> {
-    if (p.ty == 14u) { return q6k_x(xb, t); }
-    return q4k_x(xb, t);
-}
-
-fn k_sums(xs: array<vec4<f32>, 4>) -> vec4<f32> {
-    if (p.ty == 14u) { return q6k_bias(xs); }
-    return vec4<f32>(q4k_sums(xs), 0.0, 0.0);
-}
-
-fn k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, sums: vec4<f32>) -> f32 {
-    if (p.ty == 14u) { return q6k_dot(block, t, xs, sums); }
-    return q4k_dot(block, t, xs, sums.xy);
-}
-
 // The first row of this workgroup.
 fn first_row(wg: vec3<u32>, n_wg: vec3<u32>) -> u32 {
     return (wg.x + wg.y * n_wg.x) * (WG / p.lanes) * ROWS;
@@ -206,26 +187,16 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
             let t = lane % 16u;
             let side = p.lanes / 16u;
             let block_bytes = select(144u, 210u, p.ty == 14u);
-            let blocks = p.cols / 256u;
-            for (var blk = lane / 16u; blk < blocks; blk += side * PAIRS) {
-                let xs = k_x(xb + blk * 256u, t);
-                let sums = k_sums(xs);
-                if (PAIRS > 1u) {
-                    // this block and the lane's next in one iteration, the second's loads issued with the first's
-                    // (a lane's next block otherwise waits for this one's sums); past the row's end it reads the
-                    // last block again and adds exactly 0, so the sums are those of one block at a time
-                    let blk2 = min(blk + side, blocks - 1u);
-                    let second = blk + side < blocks;
-                    let xs2 = k_x(xb + blk2 * 256u, t);
-                    let sums2 = k_sums(xs2);
-                    for (var r = 0u; r < ROWS; r++) {
-                        let d = k_dot(rows[r] + blk * block_bytes, t, xs, sums);
-                        let d2 = k_dot(rows[r] + blk2 * block_bytes, t, xs2, sums2);
-                        acc[r] += d;
-                        acc[r] += select(0.0, d2, second);
-                    }
+            for (var blk = lane / 16u; blk < p.cols / 256u; blk += side) {
+                let xb = xb + blk * 256u;
+                if (p.ty == 14u) {
+                    let xs = q6k_x(xb, t);
+                    let bias = q6k_bias(xs);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot(rows[r] + blk * block_bytes, t, xs, bias); }
                 } else {
-                    for (var r = 0u; r < ROWS; r++) { acc[r] += k_dot(rows[r] + blk * block_bytes, t, xs, sums); }
+                    let xs = q4k_x(xb, t);
+                    let sums = q4k_sums(xs);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += q4k_dot(rows[r] + blk * block_bytes, t, xs, sums); }
                 }
             }
         }

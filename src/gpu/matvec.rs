@@ -13,27 +13,21 @@ const DENSE_MARKER: &str = "// ---- dense entry point";
 
 /// How the kernel is specialised (compile-time constants of matvec.wgsl): rows per lane group, whether quants
 /// become f32 through exponent bits (`magic`) or an integer conversion, Q4_K/Q6_K rows one block at a time
-/// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4, a lane's
-/// Q4_K/Q6_K blocks two per loop iteration (`pairs`: their loads in flight together) or one.
+/// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub rows: u32,
     pub magic: bool,
     pub narrow: bool,
     pub scalar_x: bool,
-    pub pairs: bool,
 }
 
 const fn v(rows: u32, magic: bool, narrow: bool, scalar_x: bool) -> Variant {
-    Variant { rows, magic, narrow, scalar_x, pairs: false }
-}
-
-const fn paired(v: Variant) -> Variant {
-    Variant { pairs: true, ..v }
+    Variant { rows, magic, narrow, scalar_x }
 }
 
 impl Variant {
-    pub const ALL: [Variant; 13] = [
+    pub const ALL: [Variant; 9] = [
         v(1, false, false, false),
         v(2, false, false, false),
         v(4, false, false, false),
@@ -43,10 +37,6 @@ impl Variant {
         v(2, false, true, false),
         v(4, false, true, false),
         v(4, false, false, true),
-        paired(v(1, false, false, false)),
-        paired(v(2, false, false, false)),
-        paired(v(2, false, true, false)),
-        paired(v(4, false, true, false)),
     ];
 
     /// The variant [`matvec`], [`batched`] and [`experts`] use for a matrix: the fastest measured on the H200 and
@@ -57,14 +47,7 @@ impl Variant {
     }
 
     pub fn name(self) -> String {
-        format!(
-            "r{}{}{}{}{}",
-            self.rows,
-            if self.magic { "m" } else { "i" },
-            if self.narrow { "n" } else { "" },
-            if self.scalar_x { "s" } else { "" },
-            if self.pairs { "p" } else { "" }
-        )
+        format!("r{}{}{}{}", self.rows, if self.magic { "m" } else { "i" }, if self.narrow { "n" } else { "" }, if self.scalar_x { "s" } else { "" })
     }
 
     pub fn parse(s: &str) -> Option<Variant> {
@@ -114,7 +97,6 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool) -> &'static s
         };
         swap("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows));
         swap("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic));
-        swap("const PAIRS: u32 = 1u;", &format!("const PAIRS: u32 = {}u;", if v.pairs { 2 } else { 1 }));
         if subgroup > 1 {
             swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
             swap(SUBGROUP_SUM[1], SUBGROUP_SUM[2]);
