@@ -100,15 +100,20 @@ struct SumNormParams {
 fn moe_sum_norm(@builtin(local_invocation_index) lid: u32) {
     let n = sum_params.hidden;
     let n_used = sum_params.n_used;
+    // expert by expert, each expert's values of the row loaded together (one workgroup: an expert's loads
+    // that waited for the one before would cost a latency apiece)
+    var routed: array<f32, HELD>;
+    for (var j = 0u; j < n_used; j++) {
+        let weight = bitcast<f32>(sum_sel[n_used + j]);
+        for (var k = 0u; k < HELD; k++) {
+            let i = lid + k * WG;
+            if (i < n) { routed[k] += weight * sum_expert_out[j * n + i]; }
+        }
+    }
     var v: array<f32, HELD>;
     for (var k = 0u; k < HELD; k++) {
         let i = lid + k * WG;
-        if (i >= n) { continue; }
-        var routed = 0.0;
-        for (var j = 0u; j < n_used; j++) {
-            routed += bitcast<f32>(sum_sel[n_used + j]) * sum_expert_out[j * n + i];
-        }
-        v[k] = sum_x[i] + (routed + sum_shared[i]);
+        if (i < n) { v[k] = sum_x[i] + (routed[k] + sum_shared[i]); }
     }
     for (var k = 0u; k < HELD; k++) {
         let i = lid + k * WG;
