@@ -1,13 +1,13 @@
 //! `lingtab bench`: prefill and decode speed with what each token costs (syncs, dispatches, submissions, store
 //! bytes, cache hits), with every expert resident and with a streaming pool, as one table (or JSON).
 //! `lingtab bench-kernels`: the matrix-vector products at Ling 3.0 Flash's shapes against the memory-read rate
-//! measured in the same run.
+//! measured in the same run, and the small kernels of a decode step's layer (µs each, beside the dispatch floor).
 
 use super::run::ModelPath;
 use crate::engine::bench::{self, BenchPlan, BenchRow};
 use crate::engine::EngineOptions;
 use crate::gpu::matvec::{self, Matrix, PoolChunk, Strided};
-use crate::gpu::{Gpu, Pass};
+use crate::gpu::{kda, moe, norm, Gpu, Pass};
 use crate::quant::GgmlType;
 
 fn list<T: std::str::FromStr>(what: &str, s: &str) -> Result<Vec<T>, String> {
@@ -158,6 +158,20 @@ struct KernelRow {
     gb_per_s_gpu_only: f64,
 }
 
+/// A row of `bytes` read per run in `secs` (recorded and run, run only), against the read rate `read` (GB/s).
+fn kernel_row(product: &str, variant: String, bytes: u64, (secs, gpu_secs): (f64, f64), read: f64) -> KernelRow {
+    KernelRow {
+        product: product.into(),
+        variant,
+        mb_per_product: bytes as f64 / 1e6,
+        us_per_product: 1e6 * secs,
+        gb_per_s: bytes as f64 / secs / 1e9,
+        share_of_read: bytes as f64 / secs / 1e9 / read,
+        us_gpu_only: 1e6 * gpu_secs,
+        gb_per_s_gpu_only: bytes as f64 / gpu_secs / 1e9,
+    }
+}
+
 /// Bytes that look like weights to the kernels (any bit pattern decodes; speed does not depend on values).
 fn filler(bytes: u64, seed: u64) -> Vec<u8> {
     let mut state = seed | 1;
@@ -224,16 +238,7 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
                 _ => name,
             }
         };
-        let row = |product: &str, v: String, bytes: u64, (secs, gpu_secs): (f64, f64)| KernelRow {
-            product: product.into(),
-            variant: v,
-            mb_per_product: bytes as f64 / 1e6,
-            us_per_product: 1e6 * secs,
-            gb_per_s: bytes as f64 / secs / 1e9,
-            share_of_read: bytes as f64 / secs / 1e9 / read,
-            us_gpu_only: 1e6 * gpu_secs,
-            gb_per_s_gpu_only: bytes as f64 / gpu_secs / 1e9,
-        };
+        let row = |product: &str, v: String, bytes: u64, secs: (f64, f64)| kernel_row(product, v, bytes, secs, read);
         // (name, type, rows, cols): a product too small to cost anything but its dispatch (the floor under the
         // small ones), Ling 3.0 Flash's head, a KDA projection in and out, an expert's down rows
         let dense = [
@@ -299,6 +304,7 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
             }
         }
         gpu.set_subgroups(true);
+        rows.extend(layer_kernels(&gpu, args.reps, read).await?);
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rows).unwrap());
         } else {
@@ -314,4 +320,45 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
         }
         Ok(())
     })
+}
+
+/// The small kernels of a decode step's MoE/KDA layer at Flash's widths, each timed as a chain of `reps` like the
+/// products (what one costs beside "dispatch floor"): the norms, the router's choice, the KDA step, the router's
+/// product with and without the FFN's norm in it.
+async fn layer_kernels(gpu: &Gpu, reps: u32, read: f64) -> Result<Vec<KernelRow>, String> {
+    let (hidden, n_expert, k) = (2560u32, 512u32, 8u32);
+    let step = kda::StepLayout { n_head: 32, head_dim: 128, kernel_size: 4, fa_at: 3 * 4096, beta_at: 4 * 4096, z_at: 4 * 4096 + 32 };
+    let dim = step.n_head * step.head_dim;
+    let floats = |label: &str, n: u32| gpu.upload(label, &filler(n as u64 * 4, n as u64).chunks(4).flat_map(|b| (0.01 * (b[0] as f32 - 128.0) / 128.0).to_le_bytes()).collect::<Vec<u8>>());
+    let (x, w, h) = (floats("x", hidden), floats("norm w", hidden), floats("h", hidden));
+    let expert_out = floats("expert out", k * hidden);
+    let shared = floats("shared", hidden);
+    let logits = floats("router logits", n_expert);
+    let bias = floats("router bias", n_expert);
+    let sel = gpu.storage_buffer("selection", moe::selection_words(k) as u64 * 4);
+    let mut words: Vec<u32> = (0..k).collect();
+    words.extend((0..k).map(|_| 0.125f32.to_bits()));
+    words.extend([0, 0]);
+    let weights_sel = gpu.upload("selection", bytemuck::cast_slice(&words));
+    let router = gpu.upload("router", &filler(n_expert as u64 * hidden as u64 * 4, 3).chunks(4).flat_map(|b| (0.001 * b[0] as f32).to_le_bytes()).collect::<Vec<u8>>());
+    let router_m = Matrix { ty: GgmlType::F32, rows: n_expert, cols: hidden, byte_offset: 0 };
+    let step_in = floats("step input", step.z_at + dim);
+    let consts = floats("step constants", step.consts_floats());
+    let conv = floats("conv state", 3 * dim * (step.kernel_size - 1));
+    let state = floats("delta state", dim * step.head_dim);
+    let out = gpu.storage_buffer("step out", dim as u64 * 4);
+    let mut rows = Vec::new();
+    let time = |name: &str, bytes: u64, secs: (f64, f64)| kernel_row(name, String::new(), bytes, secs, read);
+    let hb = hidden as u64 * 4;
+    rows.push(time("rms_norm 2560", 3 * hb, time_passes(gpu, reps, &h, |p, _| norm::rms_norm(gpu, p, &x, 0, &w, &h, 0, hidden, 1e-6)).await?));
+    rows.push(time("moe_sum_norm 2560, 8 experts", (k as u64 + 4) * hb, time_passes(gpu, reps, &h, |p, _| norm::moe_sum_norm(gpu, p, &expert_out, &weights_sel, &shared, k, &x, &w, &h, hidden, 1e-6)).await?));
+    rows.push(time("moe_accumulate 2560, 8 experts", (k as u64 + 3) * hb, time_passes(gpu, reps, &h, |p, _| moe::accumulate(gpu, p, &expert_out, &weights_sel, &shared, &x, hidden, k)).await?));
+    rows.push(time("moe_route 512 → 8 (8 groups, 4 kept)", 2 * n_expert as u64 * 4, time_passes(gpu, reps, &h, |p, _| moe::route(gpu, p, &logits, &bias, &sel, n_expert, k, 8, 4, true, 2.5)).await?));
+    let state_bytes = 2 * dim as u64 * step.head_dim as u64 * 4;
+    rows.push(time("kda_step 32×128", state_bytes, time_passes(gpu, reps, &h, |p, _| kda::step(gpu, p, &step_in, &consts, &conv, &state, &out, step, -5.0, 1e-6)).await?));
+    let router_bytes = n_expert as u64 * hidden as u64 * 4;
+    rows.push(time("router 2560→512 F32", router_bytes, time_passes(gpu, reps, &h, |p, _| matvec::matvec(gpu, p, &router, router_m, &h, 0, &logits, 0)).await?));
+    let norm = matvec::Norm { w: &w, eps: 1e-6, out: &h };
+    rows.push(time("router 2560→512 F32, with the norm", router_bytes, time_passes(gpu, reps, &h, |p, _| matvec::matvec_norm(gpu, p, &router, router_m, &x, 0, norm, &logits, 0)).await?));
+    Ok(rows)
 }
