@@ -122,8 +122,8 @@ fn kda_head_norm_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 //    w[K·c+K−1]·x_c, the channel's state (its last K−1 inputs, oldest first) moved on by x_c;
 // 2. the forget gate g_c = λ·σ(a_h·(f_a,c + dt_c)) (kda_gates' g) and β = σ(β logit);
 // 3. the delta rule (kda_delta_chunk's for one token): q, k L2-normalised (x / max(‖x‖, ε)); with value column
-//    j of S (state[h·d·d + j·d + i] = S[i][j]) reduced by DC_LANES lanes, each over a span of i: S decays by e^g
-//    along i, u_j = Σ_i S[i][j] k̂_i, δ_j = β (v_j − u_j), S[i][j] += k̂_i δ_j, o_j = Σ_i S[i][j] q̂_i / √d;
+//    j of S (state[h·d·d + j·d + i] = S[i][j]) reduced by DC_LANES lanes (lane l over i ≡ l mod DC_LANES): S
+//    decays by e^g along i, u_j = Σ_i S[i][j] k̂_i, δ_j = β (v_j − u_j), S[i][j] += k̂_i δ_j, o_j = Σ_i S[i][j] q̂_i / √d;
 // 4. kda_head_norm_gate: y = o / √(mean o² + ε) · ssm_norm · σ(z).
 
 struct StepParams {
@@ -230,13 +230,12 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     k_hat[lid] = k * (1.0 / max(sqrt(sum_b[0]), step_params.eps));
     workgroupBarrier();
 
-    // kda_delta_chunk's division of S: DC_LANES lanes per value column, each over a span of key indices, DC_COLS
-    // columns at a time. A lane loads its whole span before using any of it and stores it after: loads and
-    // stores of the same buffer interleaved in a loop would each wait for the one before (a latency apiece).
+    // kda_delta_chunk's division of S: DC_LANES lanes per value column, lane l taking key indices l, l + DC_LANES,
+    // .. (so a column's lanes read neighbouring words), DC_COLS columns at a time. A lane loads its whole share
+    // before using any of it and stores it after: loads and stores of the same buffer interleaved in a loop would
+    // each wait for the one before (a latency apiece).
     let lane = lid % DC_LANES;
     let col = lid / DC_LANES;
-    let span = (d + DC_LANES - 1u) / DC_LANES;
-    let i_begin = lane * span;
     let inv_sqrt_d = 1.0 / sqrt(f32(d));
     for (var j0 = 0u; j0 < d; j0 += DC_COLS) {
         let j = j0 + col;
@@ -244,13 +243,13 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
         let column = (head_base + j) * d;
         var s: array<f32, DC_SPAN>;
         for (var n = 0u; n < DC_SPAN; n++) {
-            let i = i_begin + n;
-            if (valid && n < span && i < d) { s[n] = step_state[column + i]; }
+            let i = lane + n * DC_LANES;
+            if (valid && i < d) { s[n] = step_state[column + i]; }
         }
         var u = 0.0;
         for (var n = 0u; n < DC_SPAN; n++) {
-            let i = i_begin + n;
-            if (valid && n < span && i < d) {
+            let i = lane + n * DC_LANES;
+            if (valid && i < d) {
                 s[n] *= decay[i];
                 u += s[n] * k_hat[i];
             }
@@ -262,15 +261,15 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
         let delta = beta * (v_in[min(j, WORKGROUP - 1u)] - u_total);
         var o_part = 0.0;
         for (var n = 0u; n < DC_SPAN; n++) {
-            let i = i_begin + n;
-            if (valid && n < span && i < d) {
+            let i = lane + n * DC_LANES;
+            if (valid && i < d) {
                 s[n] += k_hat[i] * delta;
                 o_part += s[n] * q_hat[i];
             }
         }
         for (var n = 0u; n < DC_SPAN; n++) {
-            let i = i_begin + n;
-            if (valid && n < span && i < d) { store_step_state(column + i, s[n]); }
+            let i = lane + n * DC_LANES;
+            if (valid && i < d) { store_step_state(column + i, s[n]); }
         }
         sum_b[lid] = o_part;
         workgroupBarrier();
@@ -395,9 +394,10 @@ fn kda_qk_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_
 
 // kda_delta_chunk: the gated delta rule through the chunk's tokens, grid (column group, head). The value
 // columns of S are independent (u_j, the update and o_j touch column j only), so a workgroup takes DC_COLS
-// columns, DC_LANES invocations each, every invocation holding a span of ≤ DC_SPAN key indices of its column in
-// registers for the whole chunk. Per token: decay, u_j = Σ_i S[i][j] k̂_i, δ_j = β(v_j − u_j), S[i][j] += k̂_i δ_j,
-// o_j = Σ_i S[i][j] q̂_i / √d — kda_step's order; q and k come normalised by kda_qk_norm.
+// columns, DC_LANES invocations each, every invocation holding ≤ DC_SPAN key indices of its column (i ≡ lane mod
+// DC_LANES, so a column's lanes read neighbouring words) in registers for the whole chunk. Per token: decay,
+// u_j = Σ_i S[i][j] k̂_i, δ_j = β(v_j − u_j), S[i][j] += k̂_i δ_j, o_j = Σ_i S[i][j] q̂_i / √d — kda_step's order;
+// q and k come normalised by kda_qk_norm.
 
 const DC_LANES: u32 = 8u;
 const DC_COLS: u32 = 32u;
@@ -415,6 +415,15 @@ struct DeltaChunkParams {
 @group(0) @binding(3) var<storage, read_write> dc_o: array<f32>;
 @group(0) @binding(4) var<uniform> dc_params: DeltaChunkParams;
 
+// The chunk's vectors staged in workgroup memory a block of tokens at a time (loaded together, neighbouring
+// invocations reading neighbouring words), so a token's step reads no global memory: per token of the block,
+// q̂ | k̂ | e^g of the head (3·head_dim), then the block's v of this workgroup's columns and its β.
+const DC_STAGE: u32 = 3072u;
+const DC_TOKENS: u32 = 8u;
+var<workgroup> dc_stage: array<f32, DC_STAGE>;
+var<workgroup> dc_v: array<f32, DC_TOKENS * DC_COLS>;
+var<workgroup> dc_beta: array<f32, DC_TOKENS>;
+
 @compute @workgroup_size(256)
 fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let p = dc_params;
@@ -426,56 +435,75 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let col = lid / DC_LANES;
     let j = wg.x * DC_COLS + col;
     let valid = j < d;
-    let span = (d + DC_LANES - 1u) / DC_LANES;
-    let i_begin = lane * span;
     let column = (h * d + j) * d;
     var s: array<f32, DC_SPAN>;
     for (var n = 0u; n < DC_SPAN; n++) {
-        let i = i_begin + n;
-        if (valid && n < span && i < d) { s[n] = dc_state[column + i]; }
+        let i = lane + n * DC_LANES;
+        if (valid && i < d) { s[n] = dc_state[column + i]; }
     }
     let inv_sqrt_d = 1.0 / sqrt(f32(d));
-    for (var t = 0u; t < p.tokens; t++) {
-        let qkv_at = t * 3u * dim + h * d;
-        let g_at = t * (dim + p.n_head) + h * d;
-        var u = 0.0;
-        for (var n = 0u; n < DC_SPAN; n++) {
-            let i = i_begin + n;
-            if (valid && n < span && i < d) {
-                let decayed = s[n] * exp(dc_gb[g_at + i]);
-                s[n] = decayed;
-                u += decayed * dc_qkv[qkv_at + dim + i];
+    let per_token = 3u * d;
+    let block = min(DC_STAGE / per_token, DC_TOKENS);
+    for (var t0 = 0u; t0 < p.tokens; t0 += block) {
+        let count = min(block, p.tokens - t0);
+        // every read of the block before is done: the last token's o barrier came after them
+        for (var at = lid; at < count * per_token; at += WORKGROUP) {
+            let t = t0 + at / per_token;
+            let which = (at % per_token) / d;
+            let i = at % d;
+            if (which < 2u) {
+                dc_stage[at] = dc_qkv[t * 3u * dim + which * dim + h * d + i];
+            } else {
+                dc_stage[at] = exp(dc_gb[t * (dim + p.n_head) + h * d + i]);
             }
         }
-        sum_a[lid] = u;
-        workgroupBarrier();
-        var u_total = 0.0;
-        for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
-        var delta = 0.0;
-        if (valid) {
-            delta = dc_gb[t * (dim + p.n_head) + dim + h] * (dc_qkv[qkv_at + 2u * dim + j] - u_total);
+        for (var at = lid; at < count * DC_COLS; at += WORKGROUP) {
+            let t = t0 + at / DC_COLS;
+            let jj = wg.x * DC_COLS + at % DC_COLS;
+            if (jj < d) { dc_v[at] = dc_qkv[t * 3u * dim + 2u * dim + h * d + jj]; }
         }
-        var o = 0.0;
-        for (var n = 0u; n < DC_SPAN; n++) {
-            let i = i_begin + n;
-            if (valid && n < span && i < d) {
-                let updated = s[n] + dc_qkv[qkv_at + dim + i] * delta;
-                s[n] = updated;
-                o += updated * dc_qkv[qkv_at + i];
+        if (lid < count) { dc_beta[lid] = dc_gb[(t0 + lid) * (dim + p.n_head) + dim + h]; }
+        workgroupBarrier();
+        for (var tt = 0u; tt < count; tt++) {
+            let q_at = tt * per_token;
+            let k_at = q_at + d;
+            let g_at = k_at + d;
+            var u = 0.0;
+            for (var n = 0u; n < DC_SPAN; n++) {
+                let i = lane + n * DC_LANES;
+                if (valid && i < d) {
+                    let decayed = s[n] * dc_stage[g_at + i];
+                    s[n] = decayed;
+                    u += decayed * dc_stage[k_at + i];
+                }
             }
-        }
-        sum_b[lid] = o;
-        workgroupBarrier();
-        if (valid && lane == 0u) {
-            var o_total = 0.0;
-            for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
-            let out = t * dim + h * d + j;
-            if (out < arrayLength(&dc_o)) { dc_o[out] = o_total * inv_sqrt_d; }
+            sum_a[lid] = u;
+            workgroupBarrier();
+            var u_total = 0.0;
+            for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
+            let delta = dc_beta[tt] * (dc_v[tt * DC_COLS + col] - u_total);
+            var o = 0.0;
+            for (var n = 0u; n < DC_SPAN; n++) {
+                let i = lane + n * DC_LANES;
+                if (valid && i < d) {
+                    let updated = s[n] + dc_stage[k_at + i] * delta;
+                    s[n] = updated;
+                    o += updated * dc_stage[q_at + i];
+                }
+            }
+            sum_b[lid] = o;
+            workgroupBarrier();
+            if (valid && lane == 0u) {
+                var o_total = 0.0;
+                for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
+                let out = (t0 + tt) * dim + h * d + j;
+                if (out < arrayLength(&dc_o)) { dc_o[out] = o_total * inv_sqrt_d; }
+            }
         }
     }
     for (var n = 0u; n < DC_SPAN; n++) {
-        let i = i_begin + n;
+        let i = lane + n * DC_LANES;
         let at = column + i;
-        if (valid && n < span && i < d && at < arrayLength(&dc_state)) { dc_state[at] = s[n]; }
+        if (valid && i < d && at < arrayLength(&dc_state)) { dc_state[at] = s[n]; }
     }
 }

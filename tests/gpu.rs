@@ -87,6 +87,11 @@ fn kda_step_matches_the_four_references() {
 }
 
 #[test]
+fn kda_delta_chunk_matches_the_reference() {
+    pollster::block_on(common::kda::kda_delta_chunk_matches_the_reference(&gpu()));
+}
+
+#[test]
 fn kda_gates_match_cpu_reference() {
     pollster::block_on(common::kda::kda_gates_match_cpu_reference(&gpu()));
 }

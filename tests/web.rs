@@ -47,6 +47,11 @@ async fn kda_step_matches_the_four_references() {
 }
 
 #[wasm_bindgen_test]
+async fn kda_delta_chunk_matches_the_reference() {
+    common::kda::kda_delta_chunk_matches_the_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn mla_kv_row_matches_reference() {
     common::mla_moe::mla_kv_row_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

@@ -242,3 +242,45 @@ pub async fn kda_step_matches_the_four_references(gpu: &Gpu) {
     }
     checker.report("kda_step");
 }
+
+/// The prefill's delta rule (`delta_tokens`, kda_delta_chunk): T tokens through one delta state, equal to T
+/// steps of the reference. The kernel stages a block of tokens' q̂|k̂|e^g in workgroup memory at a time (8 tokens,
+/// 4 at head dim 256): token counts that fill blocks and leave one part-filled, a single token, head dims below,
+/// at and not dividing a workgroup's 32 value columns.
+pub async fn kda_delta_chunk_matches_the_reference(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    let mut checker = Checker::new(seed);
+    for (n_head, head_dim, tokens) in [(2, 128, 13), (1, 256, 9), (3, 37, 17), (2, 7, 8), (1, 64, 1)] {
+        let dim = n_head * head_dim;
+        let (mut qkv, mut gb) = (Vec::new(), Vec::new());
+        for _ in 0..tokens {
+            // q and k come L2-normalised (kda_qk_norm's work)
+            let mut token = rng.normals(3 * dim, 1.0);
+            for part in token[..2 * dim].chunks_mut(head_dim) {
+                let norm = part.iter().map(|v| v * v).sum::<f32>().sqrt();
+                part.iter_mut().for_each(|v| *v /= norm);
+            }
+            qkv.extend(token);
+            gb.extend(rng.normals(dim, 1.0).iter().map(|&x| LOWER_BOUND * sigmoid(x as f64) as f32));
+            gb.extend(rng.normals(n_head, 1.0).iter().map(|&x| sigmoid(x as f64) as f32));
+        }
+        let state0 = rng.normals(dim * head_dim, 0.5);
+        let state_buf = upload_with_tail(gpu, "delta state", &state0);
+        let o = poisoned_with_tail(gpu, "delta o", tokens * dim);
+        let mut pass = Pass::new();
+        let (qkv_buf, gb_buf) = (gpu.upload("q|k|v", &f32_bytes(&qkv)), gpu.upload("gates", &f32_bytes(&gb)));
+        kda::delta_tokens(gpu, &mut pass, &qkv_buf, &gb_buf, &state_buf, &o, n_head as u32, head_dim as u32, tokens as u32);
+        pass.submit(gpu);
+        let mut state = widen(&state0);
+        let mut want = Vec::new();
+        for t in 0..tokens {
+            let (qkv, gb) = (widen(&qkv[t * 3 * dim..][..3 * dim]), widen(&gb[t * (dim + n_head)..][..dim + n_head]));
+            want.extend(delta_reference(&qkv, &gb, &mut state, n_head, head_dim, EPS as f64));
+        }
+        let at = format!("{n_head} heads of {head_dim}, {tokens} tokens");
+        checker.check(gpu, &format!("delta o, {at}"), &o, &want).await;
+        checker.check(gpu, &format!("delta state, {at}"), &state_buf, &state).await;
+    }
+    checker.report("kda_delta_chunk");
+}
