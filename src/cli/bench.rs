@@ -304,6 +304,22 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
             }
         }
         gpu.set_subgroups(true);
+        // the 8 experts' gate|up again, without the slot lookup (8 neighbouring slots as one batched product) and
+        // without memory reads (the same 8 experts every rep, held in the GPU's L2): to tell what the expert product
+        // costs from what its lookup and its reads cost
+        let gate_up_bytes = k as u64 * gate_up.rows as u64 * gate_up.row_bytes() as u64;
+        let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
+            let at = (i % (slots / k)) as u64 * k as u64 * slot_bytes;
+            let m = Matrix { byte_offset: at, ..gate_up };
+            matvec::batched(&gpu, pass, &pool, m, slot_bytes, &x, Strided { offset: 0, stride: 0 }, &y, Strided { offset: 0, stride: 2 * f }, k);
+        })
+        .await?;
+        rows.push(row("8 slots' gate|up as a batched product", "batched".into(), gate_up_bytes, secs));
+        let secs = time_passes(&gpu, args.reps, &y, |pass, _| {
+            matvec::experts(&gpu, pass, chunk, gate_up, &sels[0], &table, 0, k, &x, Strided { offset: 0, stride: 0 }, &y, Strided { offset: 0, stride: 2 * f });
+        })
+        .await?;
+        rows.push(row("experts gate|up, the same 8 each rep", "cached".into(), gate_up_bytes, secs));
         rows.extend(layer_kernels(&gpu, args.reps, read).await?);
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rows).unwrap());
