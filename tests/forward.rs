@@ -75,6 +75,36 @@ fn a_pool_in_several_buffers_costs_no_more_dispatches() {
     }
 }
 
+/// A timeline (`lingtab bench --timeline`) accounts for every dispatch of the steps it covers, by kernel, and for
+/// no more time than they took: each submission's time is the sum of its dispatches' times, the busy and idle
+/// time together fit inside the wall-clock time, and recording it leaves the logits as they were.
+#[test]
+fn a_timeline_accounts_for_every_dispatch_and_changes_no_logits() {
+    let tokens = [2949u32, 3536, 786, 0];
+    let mut plain = engine(&EngineOptions::default());
+    let mut timed = engine(&EngineOptions::default());
+    assert!(timed.gpu.has_timeline(), "{}: the test adapter has timestamps inside compute passes", timed.gpu.summary);
+    timed.gpu.start_timeline().unwrap();
+    let before = timed.gpu.counters().dispatches;
+    let began = std::time::Instant::now();
+    for &t in &tokens {
+        let a = pollster::block_on(plain.step(t)).unwrap();
+        let b = pollster::block_on(timed.step(t)).unwrap();
+        assert_eq!(a, b, "token {t}");
+    }
+    let wall_ms = began.elapsed().as_secs_f64() * 1e3;
+    let timeline = pollster::block_on(timed.gpu.take_timeline()).unwrap().expect("a timeline is being recorded");
+    let dispatches: u64 = timeline.kernels.iter().map(|k| k.dispatches).sum();
+    assert_eq!(dispatches, timed.gpu.counters().dispatches - before);
+    assert!(timeline.kernels.iter().any(|k| k.kernel.contains("kda_step")) && timeline.kernels.iter().any(|k| k.kernel.contains("argmax")), "{:?}", timeline.kernels);
+    let summed: f64 = timeline.kernels.iter().map(|k| k.ms).sum();
+    assert!((summed - timeline.busy_ms).abs() <= 1e-6 * timeline.busy_ms.max(1.0), "kernels {summed} ms, submissions {} ms", timeline.busy_ms);
+    assert!(timeline.busy_ms > 0.0 && timeline.busy_ms + timeline.idle_ms <= wall_ms, "busy {} + idle {} ms in {wall_ms} ms", timeline.busy_ms, timeline.idle_ms);
+    // taken: the next take starts empty
+    let next = pollster::block_on(timed.gpu.take_timeline()).unwrap().unwrap();
+    assert!(next.kernels.is_empty() && next.busy_ms == 0.0);
+}
+
 /// The matrices that read the same input computed as stacks (one dispatch per type) or one by one: the same
 /// logits, bit for bit (each row's sum is the same arithmetic either way), and fewer dispatches stacked.
 #[test]

@@ -40,6 +40,10 @@ pub struct BenchArgs {
     /// Time each kernel (every dispatch then runs alone and is waited for: the rows' speeds no longer count)
     #[arg(long)]
     pub profile: bool,
+    /// Record every dispatch's GPU timestamps and print where the GPU's time went in the stream (per kernel, and
+    /// idle between submissions); native, where the adapter has timestamps inside compute passes
+    #[arg(long)]
+    pub timeline: bool,
     /// Products over more than 64 tokens on wide tiles (64 × 64) instead of big ones (128 × 128)
     #[arg(long)]
     pub no_big_tiles: bool,
@@ -107,6 +111,9 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
         if args.profile {
             engine.gpu.start_profile();
         }
+        if args.timeline {
+            engine.gpu.start_timeline()?;
+        }
         pollster::block_on(bench::run(&mut engine, &mode, &plan, bandwidth, &mut rows))?;
         if !args.json {
             // the table so far, as each engine finishes (the header with the first)
@@ -120,8 +127,13 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "bandwidthGBs": bandwidth, "rows": rows })).unwrap());
-    } else if args.profile {
-        print!("{}", bench::profile_table(&rows, 40));
+    } else {
+        if args.profile {
+            print!("{}", bench::profile_table(&rows, 40));
+        }
+        if args.timeline {
+            print!("{}", bench::timeline_table(&rows, 40));
+        }
     }
     Ok(())
 }

@@ -56,6 +56,9 @@ pub struct BenchRow {
     /// With the GPU profiling (`lingtab bench --profile`): time by kernel, slowest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelTime>,
+    /// With a timeline recorded (`lingtab bench --timeline`): where the GPU's time went in the stream itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<crate::gpu::timeline::Timeline>,
 }
 
 /// Token ids for a prompt: a seeded stream over the vocabulary (the engine's speed does not depend on them,
@@ -109,6 +112,7 @@ fn row(engine: &Engine, mode: &str, phase: &str, prompt: usize, chunk: usize, to
         floor_ms_per_token: None,
         times_floor: None,
         kernels: engine.gpu.take_profile(),
+        timeline: None,
     }
 }
 
@@ -140,9 +144,11 @@ pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gb
             engine.set_prefill(chunk, None)?;
             let chunk = engine.prefill_chunk();
             engine.reset_stats();
+            engine.gpu.discard_timeline();
             let since = mark(engine);
             logits = engine.feed(&tokens).await?;
             let mut r = row(engine, mode, "prefill", prompt, chunk, prompt as u64, since);
+            r.timeline = engine.gpu.take_timeline().await?;
             if chunk == 1 {
                 baseline = Some(r.tokens_per_s);
             }
@@ -154,11 +160,13 @@ pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gb
         }
         let mut next = crate::generate::sampler::argmax(&logits);
         engine.reset_stats();
+        engine.gpu.discard_timeline();
         let since = mark(engine);
         for _ in 0..plan.decode {
             next = engine.step_argmax(next).await?;
         }
         let mut r = row(engine, mode, "decode", prompt, 1, plan.decode as u64, since);
+        r.timeline = engine.gpu.take_timeline().await?;
         if let Some(gbs) = bandwidth_gbs {
             let floor = 1e3 * engine.min_bytes_per_token() as f64 / (gbs * 1e9);
             r.floor_ms_per_token = Some(floor);
@@ -232,6 +240,31 @@ pub fn table(rows: &[BenchRow]) -> String {
             opt(r.floor_ms_per_token, 3),
             opt(r.times_floor, 1),
         );
+    }
+    out
+}
+
+/// Each row's timeline ([`crate::gpu::timeline`]): the GPU's time per token in its submissions and between them,
+/// then the `top` kernels by their time in the stream.
+pub fn timeline_table(rows: &[BenchRow], top: usize) -> String {
+    let mut out = String::new();
+    for r in rows {
+        let Some(t) = &r.timeline else { continue };
+        let n = r.tokens.max(1) as f64;
+        out += &format!(
+            "{} {} prompt {} chunk {}: GPU {:.3} ms/tok in submissions, {:.3} ms/tok idle between them ({:.3} ms/tok measured with the timestamps)\n",
+            r.mode, r.phase, r.prompt, r.chunk, t.busy_ms / n, t.idle_ms / n, r.ms_per_token
+        );
+        for k in t.kernels.iter().take(top) {
+            out += &format!(
+                "  {:>6.1}%  {:>9.3} ms/tok  {:>8.1} dispatches/tok  {:>8.1} µs each  {}\n",
+                100.0 * k.ms / t.busy_ms.max(1e-12),
+                k.ms / n,
+                k.dispatches as f64 / n,
+                1e3 * k.ms / k.dispatches.max(1) as f64,
+                k.kernel
+            );
+        }
     }
     out
 }

@@ -264,13 +264,27 @@ impl Pass {
         let began = crate::clock::now_s();
         let groups = self.bind(gpu);
         let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        // a timeline's timestamps: before the first dispatch, then after each
+        let stamps = (gpu.is_recording_timeline() && !self.dispatches.is_empty()).then(|| gpu.timeline_queries(self.dispatches.len()));
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
-            for (d, group) in self.dispatches.iter().zip(&groups) {
+            if let Some((queries, ..)) = &stamps {
+                pass.write_timestamp(queries, 0);
+            }
+            for (i, (d, group)) in self.dispatches.iter().zip(&groups).enumerate() {
                 pass.set_pipeline(&d.kernel.pipeline);
                 pass.set_bind_group(0, group, &[]);
                 pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
+                if let Some((queries, ..)) = &stamps {
+                    pass.write_timestamp(queries, i as u32 + 1);
+                }
             }
+        }
+        if let Some((queries, resolved, read)) = stamps {
+            let count = self.dispatches.len() as u32 + 1;
+            encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
+            encoder.copy_buffer_to_buffer(&resolved, 0, &read, 0, count as u64 * 8);
+            gpu.keep_stamps(super::timeline::Stamps { read, labels: self.dispatches.iter().map(|d| d.kernel.label.clone()).collect() });
         }
         gpu.queue.submit([encoder.finish()]);
         gpu.count_submit(self.dispatches.len(), crate::clock::now_s() - began);

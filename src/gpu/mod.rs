@@ -10,6 +10,7 @@ pub mod matvec;
 pub mod mla;
 pub mod moe;
 pub mod norm;
+pub mod timeline;
 
 pub use kernel::{Kernel, Pass, P};
 
@@ -127,6 +128,8 @@ pub struct Gpu {
     /// across that many lanes before workgroup memory takes over.
     subgroup_lanes: Option<u32>,
     subgroups_on: std::cell::Cell<bool>,
+    /// While recording a timeline ([`Gpu::start_timeline`]): the submissions' timestamps on their way back.
+    timeline: std::cell::RefCell<Option<timeline::Recording>>,
 }
 
 impl Gpu {
@@ -161,10 +164,13 @@ impl Gpu {
         let info = adapter.get_info();
         let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP) && info.subgroup_min_size.is_power_of_two();
         let subgroup_lanes = subgroups.then_some(info.subgroup_min_size.min(32));
+        // timestamps inside compute passes, where the adapter has them, for `lingtab bench --timeline`
+        let stamps = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let timestamps = if adapter.features().contains(stamps) { stamps } else { wgpu::Features::empty() };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("lingtab"),
-                required_features: if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() },
+                required_features: (if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() }) | timestamps,
                 required_limits: limits.clone(),
                 ..Default::default()
             })
@@ -202,7 +208,7 @@ impl Gpu {
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
             subgroup_lanes,
         };
-        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true) })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), timeline: Default::default() })
     }
 
     /// The lanes the kernels may reduce across by subgroup shuffles: None without subgroups, or once
