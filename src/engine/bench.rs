@@ -81,7 +81,9 @@ struct Mark {
 }
 
 fn mark(engine: &Engine) -> Mark {
-    engine.gpu.take_profile(); // what ran before the stretch is not the stretch's
+    // what ran before the stretch is not the stretch's
+    engine.gpu.take_profile();
+    engine.gpu.discard_timeline();
     Mark { at: now_s(), gpu: engine.gpu.counters() }
 }
 
@@ -144,7 +146,6 @@ pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gb
             engine.set_prefill(chunk, None)?;
             let chunk = engine.prefill_chunk();
             engine.reset_stats();
-            engine.gpu.discard_timeline();
             let since = mark(engine);
             logits = engine.feed(&tokens).await?;
             let mut r = row(engine, mode, "prefill", prompt, chunk, prompt as u64, since);
@@ -160,7 +161,6 @@ pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gb
         }
         let mut next = crate::generate::sampler::argmax(&logits);
         engine.reset_stats();
-        engine.gpu.discard_timeline();
         let since = mark(engine);
         for _ in 0..plan.decode {
             next = engine.step_argmax(next).await?;

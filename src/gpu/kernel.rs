@@ -39,8 +39,9 @@ pub struct KernelCache {
     bindings: Bindings,
 }
 
-/// One kernel's share of a profiled stretch: its dispatches and their time, each dispatch submitted alone and
-/// waited for, less the cost of an empty submit-and-wait measured when profiling started.
+/// One kernel's share of a stretch: its dispatches and their time. Profiled ([`Gpu::take_profile`]): each
+/// dispatch submitted alone and waited for, less an empty submit-and-wait; in a timeline
+/// ([`Gpu::take_timeline`]): how much later each dispatch finished than the one before it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct KernelTime {
     pub kernel: String,

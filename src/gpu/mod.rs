@@ -129,7 +129,7 @@ pub struct Gpu {
     subgroup_lanes: Option<u32>,
     subgroups_on: std::cell::Cell<bool>,
     /// While recording a timeline ([`Gpu::start_timeline`]): the submissions' timestamps on their way back.
-    timeline: std::cell::RefCell<Option<timeline::Recording>>,
+    timeline: std::cell::RefCell<Option<Vec<timeline::Stamps>>>,
 }
 
 impl Gpu {

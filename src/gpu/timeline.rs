@@ -16,11 +16,6 @@ pub(super) struct Stamps {
     pub(super) labels: Vec<String>,
 }
 
-#[derive(Default)]
-pub(super) struct Recording {
-    pub(super) pending: Vec<Stamps>,
-}
-
 /// Where a stretch's GPU time went: per kernel, and the time the GPU sat between submissions.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -45,14 +40,14 @@ impl Gpu {
         if !self.has_timeline() {
             return Err(format!("{}: no GPU timestamps inside compute passes here, so no timeline", self.summary.name));
         }
-        self.timeline.replace(Some(Recording::default()));
+        self.timeline.replace(Some(Vec::new()));
         Ok(())
     }
 
     /// Drops the timestamps recorded so far (what ran before a stretch is not the stretch's).
     pub fn discard_timeline(&self) {
-        if let Some(recording) = self.timeline.borrow_mut().as_mut() {
-            recording.pending.clear();
+        if let Some(pending) = self.timeline.borrow_mut().as_mut() {
+            pending.clear();
         }
     }
 
@@ -71,15 +66,15 @@ impl Gpu {
     }
 
     pub(super) fn keep_stamps(&self, stamps: Stamps) {
-        if let Some(recording) = self.timeline.borrow_mut().as_mut() {
-            recording.pending.push(stamps);
+        if let Some(pending) = self.timeline.borrow_mut().as_mut() {
+            pending.push(stamps);
         }
     }
 
     /// The timeline since [`Gpu::start_timeline`] (or the last take), once the GPU has finished it; recording
     /// goes on. None when no timeline is being recorded.
     pub async fn take_timeline(&self) -> Result<Option<Timeline>, String> {
-        let Some(pending) = self.timeline.borrow_mut().as_mut().map(|r| std::mem::take(&mut r.pending)) else { return Ok(None) };
+        let Some(pending) = self.timeline.borrow_mut().as_mut().map(std::mem::take) else { return Ok(None) };
         let tick_ns = self.queue.get_timestamp_period() as f64;
         let mut by_kernel: HashMap<String, (u64, f64)> = HashMap::new();
         let (mut busy, mut idle) = (0.0, 0.0);
