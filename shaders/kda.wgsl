@@ -443,7 +443,7 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     }
     let inv_sqrt_d = 1.0 / sqrt(f32(d));
     let per_token = 3u * d;
-    let block = min(DC_STAGE / per_token, DC_TOKENS);
+    let block = max(min(DC_STAGE / per_token, DC_TOKENS), 1u);
     for (var t0 = 0u; t0 < p.tokens; t0 += block) {
         let count = min(block, p.tokens - t0);
         // every read of the block before is done: the last token's o barrier came after them

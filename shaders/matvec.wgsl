@@ -185,7 +185,7 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
     switch p.ty {
         case 12u, 14u: {
             let t = lane % 16u;
-            let side = p.lanes / 16u;
+            let side = max(p.lanes / 16u, 1u); // never 0: every loop must end (kernel.rs)
             let block_bytes = select(144u, 210u, p.ty == 14u);
             for (var blk = lane / 16u; blk < p.cols / 256u; blk += side) {
                 let xb = xb + blk * 256u;
@@ -200,8 +200,18 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
                 }
             }
         }
+        case 0u: {
+            // F32 (the MoE router): a lane's neighbours read the neighbouring four values, as one vec4 each
+            for (var i = 4u * lane; i < p.cols; i += 4u * max(p.lanes, 1u)) {
+                let xv = x4(xb + i);
+                for (var r = 0u; r < ROWS; r++) {
+                    let w = (rows[r] >> 2u) + i;
+                    acc[r] += dot(bitcast<vec4<f32>>(vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u])), xv);
+                }
+            }
+        }
         default: {
-            for (var sb = lane; sb < p.cols / 32u; sb += p.lanes) {
+            for (var sb = lane; sb < p.cols / 32u; sb += max(p.lanes, 1u)) {
                 for (var l = 0u; l < 32u; l++) {
                     let xv = x1(xb + sb * 32u + l);
                     for (var r = 0u; r < ROWS; r++) { acc[r] += row_value(p.ty, rows[r], sb * 32u + l) * xv; }
@@ -210,7 +220,7 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
         }
     }
     // the lanes of a group summed: `shuffled` neighbours by subgroup shuffles, the rest through workgroup memory
-    let shuffled = min(p.lanes, SUBGROUP);
+    let shuffled = max(min(p.lanes, SUBGROUP), 1u);
     for (var r = 0u; r < ROWS; r++) { acc[r] = subgroup_sum(acc[r], shuffled); }
     if (shuffled < p.lanes) {
         for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] = acc[r]; }

@@ -374,7 +374,7 @@ fn moe_group(@builtin(local_invocation_index) lid: u32) {
         let n = atomicLoad(&group_counts[e]);
         let slot = group_slots[p.slot_base + e];
         if (n > 0u && slot != NONE) {
-            for (var first = 0u; first < n; first += p.tile_tokens) {
+            for (var first = 0u; first < n; first += max(p.tile_tokens, 1u)) {
                 let tile = group_first_tile[e] + first / p.tile_tokens;
                 if (tile < p.max_tiles) {
                     store_group(4u + 4u * tile, slot);

@@ -25,6 +25,7 @@ var<workgroup> partial: array<f32, 256>;
 // all its loads issued before the first is used (a loop that uses each load before the next waits a memory
 // latency per value)
 const HELD: u32 = 16u;
+const EXPERTS_AT_ONCE: u32 = 8u;
 
 // Σ over the workgroup of every invocation's `value` (every invocation calls it, once per dispatch).
 fn workgroup_sum(value: f32, lid: u32) -> f32 {
@@ -103,11 +104,17 @@ fn moe_sum_norm(@builtin(local_invocation_index) lid: u32) {
     // expert by expert, each expert's values of the row loaded together (one workgroup: an expert's loads
     // that waited for the one before would cost a latency apiece)
     var routed: array<f32, HELD>;
-    for (var j = 0u; j < n_used; j++) {
-        let weight = bitcast<f32>(sum_sel[n_used + j]);
-        for (var k = 0u; k < HELD; k++) {
-            let i = lid + k * WG;
-            if (i < n) { routed[k] += weight * sum_expert_out[j * n + i]; }
+    for (var j0 = 0u; j0 < n_used; j0 += EXPERTS_AT_ONCE) {
+        // EXPERTS_AT_ONCE experts' loads in flight together: a loop of known length the driver unrolls
+        for (var dj = 0u; dj < EXPERTS_AT_ONCE; dj++) {
+            let j = j0 + dj;
+            if (j < n_used) {
+                let weight = bitcast<f32>(sum_sel[n_used + j]);
+                for (var k = 0u; k < HELD; k++) {
+                    let i = lid + k * WG;
+                    if (i < n) { routed[k] += weight * sum_expert_out[j * n + i]; }
+                }
+            }
         }
     }
     var v: array<f32, HELD>;

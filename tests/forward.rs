@@ -105,6 +105,39 @@ fn a_timeline_accounts_for_every_dispatch_and_changes_no_logits() {
     assert!(next.kernels.is_empty() && next.busy_ms == 0.0);
 }
 
+/// Kernels built without naga's forced loop bounding (the engine's default natively) compute what the bounded
+/// ones compute: the same logits through a chunked prefill and decode steps, and the same greedy picks.
+#[test]
+fn kernels_with_and_without_loop_bounding_give_the_same_logits() {
+    let prompt = [2949u32, 3536, 786, 0, 571, 2730, 12, 99];
+    let mut unbounded = engine(&EngineOptions::default());
+    let mut bounded = engine(&EngineOptions::default());
+    bounded.gpu.set_bounded_loops(true);
+    let a = pollster::block_on(unbounded.feed(&prompt)).unwrap();
+    let b = pollster::block_on(bounded.feed(&prompt)).unwrap();
+    assert_nearly_equal(&a, &b, "prefill");
+    let mut next = argmax(&a);
+    for step in 0..4 {
+        let a = pollster::block_on(unbounded.step(next)).unwrap();
+        let b = pollster::block_on(bounded.step(next)).unwrap();
+        assert_nearly_equal(&a, &b, &format!("step {step}"));
+        assert_eq!(argmax(&a), argmax(&b), "step {step}");
+        next = argmax(&a);
+    }
+}
+
+/// Equal but for the driver's choice of fused multiply-adds in unrolled loops: far inside the forward-pass
+/// tolerance against llama.cpp (1e-4).
+fn assert_nearly_equal(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len());
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-5, "{what}: max |Δ| {worst:e}");
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    logits.iter().enumerate().fold(0, |best, (i, &v)| if v > logits[best] { i } else { best }) as u32
+}
+
 /// The matrices that read the same input computed as stacks (one dispatch per type) or one by one: the same
 /// logits, bit for bit (each row's sum is the same arithmetic either way), and fewer dispatches stacked.
 #[test]

@@ -56,6 +56,9 @@ pub struct BenchArgs {
     /// One product per matrix for the matrices of a layer that read the same input, instead of one per stack
     #[arg(long)]
     pub no_stacks: bool,
+    /// Kernels with wgpu's forced loop bounding (a counter in every loop), which the engine leaves out natively
+    #[arg(long)]
+    pub bounded_loops: bool,
     /// Submit a decode step every N layers (0: the whole step in one submission)
     #[arg(long, default_value_t = 2)]
     pub layers_per_submit: usize,
@@ -80,7 +83,13 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
     let options = EngineOptions { n_ctx: Some(options.n_ctx.unwrap_or(0).max(longest)), stack_products: Some(!args.no_stacks), ..options.clone() };
     let plan = BenchPlan { prompts, decode: args.decode, chunks, seed: args.seed };
     let mut rows: Vec<BenchRow> = Vec::new();
-    let mut bandwidth = None;
+    // the floor's read rate on a device of its own, before a model is loaded: read beside a loaded model's buffers
+    // the same read ran at 1.65 to 3.0 TB/s from one run to the next on the H100
+    let bandwidth = pollster::block_on(async {
+        let gpu = Gpu::new().await.map_err(|e| e.0)?;
+        bench::read_bandwidth(&gpu, 1 << 30, 10, 5).await
+    })?;
+    let mut summary_printed = false;
     let mut modes: Vec<(String, Option<f64>)> = Vec::new();
     if !args.no_resident {
         modes.push(("resident".into(), None));
@@ -100,13 +109,11 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
         if fraction.is_some() && !engine.is_streaming() {
             return Err(format!("{mode}: the pool holds every expert of this model: nothing to stream"));
         }
-        if bandwidth.is_none() {
-            bandwidth = Some(pollster::block_on(bench::read_bandwidth(&engine.gpu, 1 << 30, 10, 5))?);
-            if !args.json {
-                eprintln!("{}; memory read {:.0} GB/s (measured here); {:.1} MB read per decode token at the least", engine.gpu.summary, bandwidth.unwrap(), engine.min_bytes_per_token() as f64 / 1e6);
-            }
+        if !std::mem::replace(&mut summary_printed, true) && !args.json {
+            eprintln!("{}; memory read {:.0} GB/s (measured here); {:.1} MB read per decode token at the least", engine.gpu.summary, bandwidth, engine.min_bytes_per_token() as f64 / 1e6);
         }
         engine.gpu.set_subgroups(!args.no_subgroups);
+        engine.gpu.set_bounded_loops(args.bounded_loops);
         let before = rows.len();
         if args.profile {
             engine.gpu.start_profile();
@@ -114,7 +121,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
         if args.timeline {
             engine.gpu.start_timeline()?;
         }
-        pollster::block_on(bench::run(&mut engine, &mode, &plan, bandwidth, &mut rows))?;
+        pollster::block_on(bench::run(&mut engine, &mode, &plan, Some(bandwidth), &mut rows))?;
         if !args.json {
             // the table so far, as each engine finishes (the header with the first)
             let table = bench::table(&rows);
@@ -154,6 +161,9 @@ pub struct BenchKernelsArgs {
     /// Measure only the reductions through workgroup memory, not also the subgroup ones
     #[arg(long)]
     pub no_subgroups: bool,
+    /// Kernels with wgpu's forced loop bounding (a counter in every loop), which the engine leaves out natively
+    #[arg(long)]
+    pub bounded_loops: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -228,6 +238,7 @@ async fn time_passes(gpu: &Gpu, reps: u32, probe: &wgpu::Buffer, mut record: imp
 pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
     pollster::block_on(async {
         let gpu = Gpu::new().await.map_err(|e| e.0)?;
+        gpu.set_bounded_loops(args.bounded_loops);
         let limits = gpu.device.limits();
         let limit = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         let read = bench::read_bandwidth(&gpu, 1 << 30, 20, 5).await?;
@@ -377,6 +388,15 @@ async fn layer_kernels(gpu: &Gpu, reps: u32, read: f64) -> Result<Vec<KernelRow>
     let out = gpu.storage_buffer("step out", dim as u64 * 4);
     let mut rows = Vec::new();
     let time = |name: &str, bytes: u64, secs: (f64, f64)| kernel_row(name, String::new(), bytes, secs, read);
+    // what the floor is made of: the same tiny product written into one buffer every rep (wgpu puts a pipeline
+    // barrier between writes of one storage buffer) and into a buffer of its own each rep (no barrier: the
+    // dispatches may overlap)
+    let tiny = Matrix { ty: GgmlType::Q4_K, rows: 1, cols: 256, byte_offset: 0 };
+    let tiny_w = gpu.upload("tiny weights", &filler(tiny.row_bytes() as u64, 5));
+    let tiny_x = floats("tiny x", 256);
+    let outs: Vec<wgpu::Buffer> = (0..reps.min(256)).map(|_| gpu.storage_buffer("tiny y", 16)).collect();
+    rows.push(time("dispatch floor, one output (barriers)", 0, time_passes(gpu, reps, &outs[0], |p, _| matvec::matvec(gpu, p, &tiny_w, tiny, &tiny_x, 0, &outs[0], 0)).await?));
+    rows.push(time("dispatch floor, an output each (none)", 0, time_passes(gpu, reps, &outs[0], |p, i| matvec::matvec(gpu, p, &tiny_w, tiny, &tiny_x, 0, &outs[i as usize % outs.len()], 0)).await?));
     let hb = hidden as u64 * 4;
     rows.push(time("rms_norm 2560", 3 * hb, time_passes(gpu, reps, &h, |p, _| norm::rms_norm(gpu, p, &x, 0, &w, &h, 0, hidden, 1e-6)).await?));
     rows.push(time("moe_sum_norm 2560, 8 experts", (k as u64 + 4) * hb, time_passes(gpu, reps, &h, |p, _| norm::moe_sum_norm(gpu, p, &expert_out, &weights_sel, &shared, k, &x, &w, &h, hidden, 1e-6)).await?));

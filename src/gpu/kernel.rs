@@ -33,7 +33,7 @@ pub struct Kernel {
 /// Compiled kernels by (label, entry point), so each WGSL entry point is compiled once per device.
 #[derive(Default)]
 pub struct KernelCache {
-    kernels: std::cell::RefCell<HashMap<(String, String), Rc<Kernel>>>,
+    kernels: std::cell::RefCell<HashMap<(String, String, bool), Rc<Kernel>>>,
     /// While profiling: seconds and dispatches by kernel label (see [`Gpu::start_profile`]).
     profile: std::cell::RefCell<Option<HashMap<String, (u64, f64)>>>,
     bindings: Bindings,
@@ -58,15 +58,21 @@ impl Gpu {
     /// [`Gpu::kernel`] with the source made only when the kernel is not built yet (sources assembled from
     /// variants, looked up on every dispatch otherwise).
     pub fn kernel_with<'s>(&self, label: &str, entry: &str, source: impl FnOnce() -> &'s str) -> Rc<Kernel> {
-        let key = (label.to_string(), entry.to_string());
+        let bounded = self.loops_bounded.get();
+        let key = (label.to_string(), entry.to_string(), bounded);
         if let Some(k) = self.kernels.kernels.borrow().get(&key) {
             return k.clone();
         }
-        let source = source();
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(source().into()) };
+        // naga's forced loop bounding (a counter in every loop, against infinite ones) keeps the driver's compiler
+        // from unrolling loops, so each iteration's loads wait for the last one's: on the H100 a decode token took
+        // about a quarter longer with it, and the chunked prefill ran at two thirds of the speed. Every loop in
+        // shaders/ ends (bounded by constants, or by parameters the Rust side checks, with steps that are never
+        // zero), so it is off unless asked for ([`Gpu::set_bounded_loops`]); the bounds checks stay. The browser
+        // compiles WGSL its own way (wgpu passes it no checks).
+        let checks = wgpu::ShaderRuntimeChecks { force_loop_bounding: bounded, ..wgpu::ShaderRuntimeChecks::checked() };
+        // SAFETY: the one check turned off is loop bounding, and no loop of these shaders runs forever (above)
+        let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
             layout: None,
@@ -285,7 +291,7 @@ impl Pass {
             let count = self.dispatches.len() as u32 + 1;
             encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
             encoder.copy_buffer_to_buffer(&resolved, 0, &read, 0, count as u64 * 8);
-            gpu.keep_stamps(super::timeline::Stamps { read, labels: self.dispatches.iter().map(|d| d.kernel.label.clone()).collect() });
+            gpu.keep_stamps(super::timeline::Stamps { read, labels: self.dispatches.iter().map(|d| d.kernel.label.clone()).collect(), grids: self.dispatches.iter().map(|d| d.grid).collect() });
         }
         gpu.queue.submit([encoder.finish()]);
         gpu.count_submit(self.dispatches.len(), crate::clock::now_s() - began);

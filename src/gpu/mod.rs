@@ -128,6 +128,8 @@ pub struct Gpu {
     /// across that many lanes before workgroup memory takes over.
     subgroup_lanes: Option<u32>,
     subgroups_on: std::cell::Cell<bool>,
+    /// Whether kernels built from now on keep naga's forced loop bounding ([`Gpu::set_bounded_loops`]).
+    loops_bounded: std::cell::Cell<bool>,
     /// While recording a timeline ([`Gpu::start_timeline`]): the submissions' timestamps on their way back.
     timeline: std::cell::RefCell<Option<Vec<timeline::Stamps>>>,
 }
@@ -208,7 +210,7 @@ impl Gpu {
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
             subgroup_lanes,
         };
-        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), timeline: Default::default() })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), loops_bounded: std::cell::Cell::new(false), timeline: Default::default() })
     }
 
     /// The lanes the kernels may reduce across by subgroup shuffles: None without subgroups, or once
@@ -221,6 +223,13 @@ impl Gpu {
     /// (to test and measure the plain path on one that has them).
     pub fn set_subgroups(&self, on: bool) {
         self.subgroups_on.set(on);
+    }
+
+    /// On: kernels built from now on keep naga's forced loop bounding (a counter in every loop), which wgpu adds
+    /// by default and the engine leaves out (see `Gpu::kernel_with`); to measure what it costs and to test that
+    /// the kernels compute the same either way. Native only: the browser's WebGPU compiles WGSL its own way.
+    pub fn set_bounded_loops(&self, on: bool) {
+        self.loops_bounded.set(on);
     }
 
     pub fn counters(&self) -> GpuCounters {

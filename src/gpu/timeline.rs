@@ -14,6 +14,8 @@ pub(super) struct Stamps {
     /// `1 + labels.len()` timestamps: before the first dispatch, then after each.
     pub(super) read: wgpu::Buffer,
     pub(super) labels: Vec<String>,
+    /// Each dispatch's workgroup grid, beside its label.
+    pub(super) grids: Vec<(u32, u32, u32)>,
 }
 
 /// Where a stretch's GPU time went: per kernel, and the time the GPU sat between submissions.
@@ -27,6 +29,8 @@ pub struct Timeline {
     pub idle_ms: f64,
     /// Each kernel's dispatches and their time in the stream, slowest first.
     pub kernels: Vec<KernelTime>,
+    /// The same by kernel and workgroup grid (`label [x×y×z]`): the products of different shapes apart.
+    pub grids: Vec<KernelTime>,
 }
 
 impl Gpu {
@@ -77,6 +81,7 @@ impl Gpu {
         let Some(pending) = self.timeline.borrow_mut().as_mut().map(std::mem::take) else { return Ok(None) };
         let tick_ns = self.queue.get_timestamp_period() as f64;
         let mut by_kernel: HashMap<String, (u64, f64)> = HashMap::new();
+        let mut by_grid: HashMap<String, (u64, f64)> = HashMap::new();
         let (mut busy, mut idle) = (0.0, 0.0);
         let mut last_end: Option<u64> = None;
         for stamps in pending {
@@ -88,15 +93,21 @@ impl Gpu {
                 idle += start.saturating_sub(previous) as f64 * tick_ns;
             }
             last_end = Some(end);
-            for (label, pair) in stamps.labels.iter().zip(ticks.windows(2)) {
-                let e = by_kernel.entry(label.clone()).or_default();
-                e.0 += 1;
-                e.1 += pair[1].saturating_sub(pair[0]) as f64 * tick_ns;
+            for ((label, grid), pair) in stamps.labels.iter().zip(&stamps.grids).zip(ticks.windows(2)) {
+                let ns = pair[1].saturating_sub(pair[0]) as f64 * tick_ns;
+                for (map, key) in [(&mut by_kernel, label.clone()), (&mut by_grid, format!("{label} [{}×{}×{}]", grid.0, grid.1, grid.2))] {
+                    let e = map.entry(key).or_default();
+                    e.0 += 1;
+                    e.1 += ns;
+                }
             }
         }
-        let mut kernels: Vec<KernelTime> = by_kernel.into_iter().map(|(kernel, (dispatches, ns))| KernelTime { kernel, dispatches, ms: ns / 1e6 }).collect();
-        kernels.sort_by(|a, b| b.ms.total_cmp(&a.ms));
-        Ok(Some(Timeline { busy_ms: busy / 1e6, idle_ms: idle / 1e6, kernels }))
+        let slowest_first = |map: HashMap<String, (u64, f64)>| {
+            let mut times: Vec<KernelTime> = map.into_iter().map(|(kernel, (dispatches, ns))| KernelTime { kernel, dispatches, ms: ns / 1e6 }).collect();
+            times.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+            times
+        };
+        Ok(Some(Timeline { busy_ms: busy / 1e6, idle_ms: idle / 1e6, kernels: slowest_first(by_kernel), grids: slowest_first(by_grid) }))
     }
 
     /// The contents of a MAP_READ buffer, once the GPU has written it.
