@@ -99,6 +99,15 @@ fn a_timeline_accounts_for_every_dispatch_and_changes_no_logits() {
     assert!(timeline.kernels.iter().any(|k| k.kernel.contains("kda_step")) && timeline.kernels.iter().any(|k| k.kernel.contains("argmax")), "{:?}", timeline.kernels);
     let summed: f64 = timeline.kernels.iter().map(|k| k.ms).sum();
     assert!((summed - timeline.busy_ms).abs() <= 1e-6 * timeline.busy_ms.max(1.0), "kernels {summed} ms, submissions {} ms", timeline.busy_ms);
+    // by kernel and grid: the same dispatches and time, each kernel split by its grids
+    let by_grid: u64 = timeline.grids.iter().map(|k| k.dispatches).sum();
+    let grid_ms: f64 = timeline.grids.iter().map(|k| k.ms).sum();
+    assert_eq!(by_grid, dispatches);
+    assert!((grid_ms - summed).abs() <= 1e-6 * summed.max(1.0), "by grid {grid_ms} ms, by kernel {summed} ms");
+    for k in &timeline.kernels {
+        let of_kernel: Vec<_> = timeline.grids.iter().filter(|g| g.kernel.strip_prefix(k.kernel.as_str()).is_some_and(|rest| rest.starts_with(" ["))).collect();
+        assert!(!of_kernel.is_empty() && of_kernel.iter().map(|g| g.dispatches).sum::<u64>() == k.dispatches, "{}: {of_kernel:?}", k.kernel);
+    }
     assert!(timeline.busy_ms > 0.0 && timeline.busy_ms + timeline.idle_ms <= wall_ms, "busy {} + idle {} ms in {wall_ms} ms", timeline.busy_ms, timeline.idle_ms);
     // taken: the next take starts empty
     let next = pollster::block_on(timed.gpu.take_timeline()).unwrap().unwrap();
