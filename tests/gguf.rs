@@ -208,6 +208,12 @@ fn split_parts_missing_extra_or_out_of_order_are_refused() {
     assert!(err(vec![parts[0].clone()]).contains("part 2 is missing"));
     assert!(err(vec![parts[0].clone(), parts[1].clone(), parts[1].clone()]).contains("extra"));
     assert!(err(vec![parts[1].clone(), parts[0].clone()]).contains("out of order"));
+    // found by the gguf_metadata fuzz target: split.no u64::MAX overflowed as the message counted it from 1
+    let mut first = parse_header(&parts[0], None).unwrap();
+    first.metadata.iter_mut().find(|(k, _)| k == "split.no").expect("part 1 has split.no").1 = Value::U64(u64::MAX);
+    let second = parse_header(&parts[1], None).unwrap();
+    let e = SplitModel::new(vec![(first, parts[0].len() as u64), (second, parts[1].len() as u64)]).unwrap_err().to_string();
+    assert!(e.contains("file number 1 has split.no 18446744073709551615 (it is part 18446744073709551615 of 2)"), "{e}");
     // a part cut short on disk
     let short = parts[1][..parts[1].len() - 1000].to_vec();
     let h = parse_header(&short, None).unwrap();

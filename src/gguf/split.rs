@@ -66,7 +66,7 @@ impl SplitModel {
                 return Err(GgufError::Split(format!(
                     "parts are out of order: file number {} has split.no {no} (it is part {} of {count})",
                     i + 1,
-                    no + 1
+                    no.saturating_add(1)
                 )));
             }
             let c = split_key(h, KEY_SPLIT_COUNT)?.unwrap_or(1);
