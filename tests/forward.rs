@@ -6,6 +6,7 @@ mod common;
 
 use common::forward::{self, Case};
 use lingtab::engine::{Engine, EngineOptions};
+use lingtab::generate::sampler::argmax;
 use lingtab::gguf::{parse_header, GgufWriter, SplitModel, Value};
 use lingtab::gpu::Gpu;
 use lingtab::source::MemorySource;
@@ -141,10 +142,6 @@ fn assert_nearly_equal(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len());
     let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst <= 1e-5, "{what}: max |Δ| {worst:e}");
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    logits.iter().enumerate().fold(0, |best, (i, &v)| if v > logits[best] { i } else { best }) as u32
 }
 
 /// The matrices that read the same input computed as stacks (one dispatch per type) or one by one: the same

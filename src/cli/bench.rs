@@ -89,13 +89,12 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
         let gpu = Gpu::new().await.map_err(|e| e.0)?;
         bench::read_bandwidth(&gpu, 1 << 30, 10, 5).await
     })?;
-    let mut summary_printed = false;
     let mut modes: Vec<(String, Option<f64>)> = Vec::new();
     if !args.no_resident {
         modes.push(("resident".into(), None));
     }
     modes.extend(pools.iter().map(|&f| (format!("pool {:.0}%", 100.0 * f), Some(f))));
-    for (mode, fraction) in modes {
+    for (i, (mode, fraction)) in modes.into_iter().enumerate() {
         let mut engine = match fraction {
             None => model.load(&EngineOptions { pool_bytes: None, gpu_budget_bytes: None, pool_slots: None, ..options.clone() })?,
             Some(f) => {
@@ -109,7 +108,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
         if fraction.is_some() && !engine.is_streaming() {
             return Err(format!("{mode}: the pool holds every expert of this model: nothing to stream"));
         }
-        if !std::mem::replace(&mut summary_printed, true) && !args.json {
+        if i == 0 && !args.json {
             eprintln!("{}; memory read {:.0} GB/s (measured here); {:.1} MB read per decode token at the least", engine.gpu.summary, bandwidth, engine.min_bytes_per_token() as f64 / 1e6);
         }
         engine.gpu.set_subgroups(!args.no_subgroups);

@@ -179,9 +179,8 @@ pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gb
 
 /// The adapter's memory-read rate in GB/s: the best of `rounds` rounds (and as many more as 0.3 s takes) of `reps`
 /// reads of a buffer of up to `max_bytes` (and the adapter's binding limit), each round timed up to one
-/// readback, after a warm-up. The best
-/// round, because a GPU that has just been idle (a model load) reads at half speed or less until its clocks
-/// ramp up, and the floor must be what the memory can do.
+/// readback, after a warm-up. The best round, because a GPU that has just been idle (a model load) reads at half
+/// speed or less until its clocks ramp up, and the floor must be what the memory can do.
 pub async fn read_bandwidth(gpu: &Gpu, max_bytes: u64, reps: u32, rounds: u32) -> Result<f64, String> {
     let limits = gpu.device.limits();
     let bytes = max_bytes.min(limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size) / 16 * 16;
@@ -193,8 +192,7 @@ pub async fn read_bandwidth(gpu: &Gpu, max_bytes: u64, reps: u32, rounds: u32) -
     warm.submit(gpu);
     let mut best = 0f64;
     let mut result = gpu.read_back(&out, 4).await.map(|_| ()).map_err(|e| e.0);
-    // rounds go on for at least MIN_SECONDS: on the H100 after a model load, 5 rounds (35 ms) read at 1.65 TB/s,
-    // half of what the same GPU reads once its clocks are up
+    // rounds go on for at least MIN_SECONDS, so that a GPU that has just been idle has time to raise its clocks
     const MIN_SECONDS: f64 = 0.3;
     let start = now_s();
     let mut done = 0;

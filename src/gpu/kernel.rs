@@ -291,7 +291,7 @@ impl Pass {
             let count = self.dispatches.len() as u32 + 1;
             encoder.resolve_query_set(&queries, 0..count, &resolved, 0);
             encoder.copy_buffer_to_buffer(&resolved, 0, &read, 0, count as u64 * 8);
-            gpu.keep_stamps(super::timeline::Stamps { read, labels: self.dispatches.iter().map(|d| d.kernel.label.clone()).collect(), grids: self.dispatches.iter().map(|d| d.grid).collect() });
+            gpu.keep_stamps(super::timeline::Stamps { read, dispatches: self.dispatches.iter().map(|d| (d.kernel.label.clone(), d.grid)).collect() });
         }
         gpu.queue.submit([encoder.finish()]);
         gpu.count_submit(self.dispatches.len(), crate::clock::now_s() - began);

@@ -11,11 +11,10 @@ use std::collections::HashMap;
 
 /// The timestamps of one submission, on their way back.
 pub(super) struct Stamps {
-    /// `1 + labels.len()` timestamps: before the first dispatch, then after each.
+    /// `1 + dispatches.len()` timestamps: before the first dispatch, then after each.
     pub(super) read: wgpu::Buffer,
-    pub(super) labels: Vec<String>,
-    /// Each dispatch's workgroup grid, beside its label.
-    pub(super) grids: Vec<(u32, u32, u32)>,
+    /// Each dispatch's kernel label and workgroup grid.
+    pub(super) dispatches: Vec<(String, (u32, u32, u32))>,
 }
 
 /// Where a stretch's GPU time went: per kernel, and the time the GPU sat between submissions.
@@ -93,7 +92,7 @@ impl Gpu {
                 idle += start.saturating_sub(previous) as f64 * tick_ns;
             }
             last_end = Some(end);
-            for ((label, grid), pair) in stamps.labels.iter().zip(&stamps.grids).zip(ticks.windows(2)) {
+            for ((label, grid), pair) in stamps.dispatches.iter().zip(ticks.windows(2)) {
                 let ns = pair[1].saturating_sub(pair[0]) as f64 * tick_ns;
                 for (map, key) in [(&mut by_kernel, label.clone()), (&mut by_grid, format!("{label} [{}×{}×{}]", grid.0, grid.1, grid.2))] {
                     let e = map.entry(key).or_default();
