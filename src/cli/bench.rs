@@ -62,6 +62,10 @@ pub struct BenchArgs {
     /// Submit a decode step every N layers (0: the whole step in one submission)
     #[arg(long, default_value_t = 2)]
     pub layers_per_submit: usize,
+    /// Decode without running each step ahead of its token's readback (the GPU then waits while the CPU reads
+    /// each pick and records the next step)
+    #[arg(long)]
+    pub no_run_ahead: bool,
 }
 
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
@@ -113,6 +117,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
         }
         engine.gpu.set_subgroups(!args.no_subgroups);
         engine.gpu.set_bounded_loops(args.bounded_loops);
+        engine.set_run_ahead(!args.no_run_ahead);
         let before = rows.len();
         if args.profile {
             engine.gpu.start_profile();

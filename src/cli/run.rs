@@ -108,7 +108,7 @@ pub fn greedy(model: &ModelPath, tokens: &str, n: usize, options: &EngineOptions
         for i in 0..n {
             out.push(next);
             if i + 1 < n {
-                next = engine.step_argmax(next).await?;
+                next = engine.next_greedy(next).await?;
             }
         }
         Ok::<(), String>(())

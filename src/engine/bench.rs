@@ -118,6 +118,14 @@ fn row(engine: &Engine, mode: &str, phase: &str, prompt: usize, chunk: usize, to
     }
 }
 
+/// Speeds of a broken forward pass mean nothing: logits that are not all finite are an error.
+fn check_finite(logits: &[f32], what: &str) -> Result<(), String> {
+    match logits.iter().filter(|v| !v.is_finite()).count() {
+        0 => Ok(()),
+        n => Err(format!("{what}: {n} of {} logits are not finite", logits.len())),
+    }
+}
+
 /// Runs `plan` on `engine`, appending rows labelled `mode`. A streaming engine starts every prefill from an
 /// empty pool, so chunk sizes compare on equal terms. `bandwidth_gbs` (from [`read_bandwidth`]) gives the
 /// decode rows their floor.
@@ -149,6 +157,7 @@ pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gb
             let since = mark(engine);
             logits = engine.feed(&tokens).await?;
             let mut r = row(engine, mode, "prefill", prompt, chunk, prompt as u64, since);
+            check_finite(&logits, &format!("{mode}, a prompt of {prompt} tokens in chunks of {chunk}"))?;
             r.timeline = engine.gpu.take_timeline().await?;
             if chunk == 1 {
                 baseline = Some(r.tokens_per_s);
@@ -163,7 +172,7 @@ pub async fn run(engine: &mut Engine, mode: &str, plan: &BenchPlan, bandwidth_gb
         engine.reset_stats();
         let since = mark(engine);
         for _ in 0..plan.decode {
-            next = engine.step_argmax(next).await?;
+            next = engine.next_greedy(next).await?;
         }
         let mut r = row(engine, mode, "decode", prompt, 1, plan.decode as u64, since);
         r.timeline = engine.gpu.take_timeline().await?;

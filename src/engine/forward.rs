@@ -55,9 +55,15 @@ pub struct State {
     shared_act: wgpu::Buffer,
     pub logits: wgpu::Buffer,
     pub argmax: wgpu::Buffer,
+    /// Two mappable copies of the greedy pick, so that one step's pick can be read while the next step (run ahead
+    /// on it) writes its own ([`Engine::next_greedy`](super::Engine::next_greedy)).
+    pub picks: [wgpu::Buffer; 2],
     /// GPU bytes of all of the above.
     pub bytes: u64,
 }
+
+/// Bytes of a greedy pick as [`norm::argmax`] leaves it: the token id, then the maximum's bits.
+pub(super) const PICK_BYTES: u64 = 8;
 
 fn floats(gpu: &Gpu, label: &str, n: usize) -> wgpu::Buffer {
     gpu.storage_buffer(label, (n.max(1) * 4) as u64)
@@ -96,7 +102,7 @@ impl State {
             weights::mla_inputs_floats(c), nh * latent, nh * c.kv_lora_rank, mla::decode_scratch_floats(nh, c.kv_lora_rank, n_ctx), mla::value_slice_floats(nh, c.kv_lora_rank), nh * c.value_length_mla,
             2 * ff_max, ff_max, c.n_expert, k * h, 2 * c.ff_shared, c.ff_shared, vocab,
         ];
-        total += scratch.iter().map(|&n| float_bytes(n)).sum::<u64>() + norm::ARGMAX_BYTES;
+        total += scratch.iter().map(|&n| float_bytes(n)).sum::<u64>() + norm::ARGMAX_BYTES + 2 * PICK_BYTES;
         let selection = (moe::selection_words(k as u32) as u64 * 4).max(4).next_multiple_of(4);
         total += (0..c.n_layer).filter(|&l| c.is_moe_layer(l)).count() as u64 * selection;
         (total, largest_cache)
@@ -182,6 +188,7 @@ impl State {
             shared_act: floats(gpu, "shared act", c.ff_shared),
             logits: floats(gpu, "logits", vocab),
             argmax: gpu.storage_buffer("argmax", norm::ARGMAX_BYTES),
+            picks: [gpu.mappable_buffer("pick", PICK_BYTES), gpu.mappable_buffer("pick", PICK_BYTES)],
             bytes: 0,
         };
         let mut state = state;
@@ -199,7 +206,7 @@ impl State {
         let scratch = [
             &self.x, &self.h, &self.ffn_out, &self.kda_in,
             &self.o_normed, &self.mla_in, &self.q_abs, &self.latent_mix, &self.attn_scratch, &self.attn_slices, &self.heads_out, &self.gu, &self.act,
-            &self.router_logits, &self.experts_out, &self.shared_gu, &self.shared_act, &self.logits, &self.argmax,
+            &self.router_logits, &self.experts_out, &self.shared_gu, &self.shared_act, &self.logits, &self.argmax, &self.picks[0], &self.picks[1],
         ];
         layers.chain(scratch).chain(self.sel.iter().flatten())
     }
@@ -235,17 +242,37 @@ pub fn set_layers_per_submit(layers: usize) {
     LAYERS_PER_SUBMIT.store(layers, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// The token a step embeds.
+#[derive(Clone, Copy, Debug)]
+pub enum StepToken {
+    Id(u32),
+    /// The greedy pick of the step before, read from `state.argmax` on the GPU: a step run before that pick has
+    /// come back to the CPU.
+    LastPick,
+}
+
 /// Runs the step for `token` at position `pos`; logits land in `state.logits`, the greedy pick in
-/// `state.argmax`. Resident experts: one submission, no readback. Streamed experts: one readback per MoE layer.
+/// `state.argmax` (and, with `pick_to`, in `state.picks[pick_to]` too). Resident experts: one submission, no
+/// readback. Streamed experts: one readback per MoE layer. Returns the last submission.
 #[allow(clippy::too_many_arguments)]
-pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool, s: &State, experts: &mut Experts, stats: &mut CacheStats, token: u32, pos: u32) -> Result<(), String> {
+pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool, s: &State, experts: &mut Experts, stats: &mut CacheStats, token: StepToken, pos: u32, pick_to: Option<usize>) -> Result<wgpu::SubmissionIndex, String> {
     let mut pass = Pass::new();
     let hidden = c.hidden as u32;
     let eps = c.rms_eps;
 
     let embd = w.get("token_embd.weight")?;
-    let (piece, offset) = embd.row(token as u64);
-    dequant::record(gpu, &mut pass, &piece.buffer, embd.ty, offset, hidden, &s.x, 0);
+    match token {
+        StepToken::Id(token) => {
+            let (piece, offset) = embd.row(token as u64);
+            dequant::record(gpu, &mut pass, &piece.buffer, embd.ty, offset, hidden, &s.x, 0);
+        }
+        // the pick is the first word of the argmax; each piece of the table writes the row if it holds it
+        StepToken::LastPick => {
+            for piece in &embd.pieces {
+                dequant::record_rows(gpu, &mut pass, &piece.buffer, embd.ty, embd.row_bytes(), piece.first_row, piece.rows, &s.argmax, 1, hidden, &s.x, 0);
+            }
+        }
+    }
 
     let every = LAYERS_PER_SUBMIT.load(std::sync::atomic::Ordering::Relaxed);
     // true when the MoE layer before has left this layer's attention input in h (the residual add and the
@@ -296,12 +323,12 @@ pub async fn run_step(gpu: &Gpu, c: &Config, w: &Weights, pool: &mut ExpertPool,
     }
     w.get("output.weight").or_else(|_| w.get("token_embd.weight"))?.matvec(gpu, p, &s.h, 0, &s.logits, 0);
     norm::argmax(gpu, p, &s.logits, s.vocab as u32, &s.argmax);
-    pass.submit(gpu);
+    let submitted = pass.submit_then_copy(gpu, pick_to.map(|i| (&s.argmax, &s.picks[i], PICK_BYTES)));
     stats.submits += 1;
     if let Experts::Streaming { cache, .. } = experts {
         cache.end_token();
     }
-    Ok(())
+    Ok(submitted)
 }
 
 /// Brings layer `l`'s selected experts into the pool: reads the selection back, maps it to slots, reads the

@@ -18,7 +18,7 @@ use crate::store::StoreChecks;
 pub use cache::{CacheStats, Policy};
 pub use forward::set_layers_per_submit;
 use cache::ExpertCache;
-use forward::{Experts, State};
+use forward::{Experts, State, StepToken, PICK_BYTES};
 pub use pool::Upload;
 use pool::{ExpertPool, ExpertTensors, PartsReader};
 use weights::Weights;
@@ -92,6 +92,19 @@ pub struct Engine {
     stats: CacheStats,
     expert_tensors: ExpertTensors,
     max_binding: u64,
+    /// A step [`Engine::next_greedy`] ran ahead: the states hold it after `tokens`.
+    ahead: Option<Ahead>,
+    /// Whether [`Engine::next_greedy`] runs the next step ahead (`lingtab bench --no-run-ahead` compares).
+    run_ahead: bool,
+}
+
+/// A decode step submitted before its token came back to the CPU (its token is the GPU's greedy pick of the step
+/// before it). The states hold it; it is taken when the caller runs `token` next, and undone otherwise.
+struct Ahead {
+    token: u32,
+    /// where its own pick lands ([`State::picks`]), once submission `done` has run
+    pick_in: usize,
+    done: wgpu::SubmissionIndex,
 }
 
 /// The states of a sequence and the prefill's scratch, as loaded.
@@ -196,7 +209,7 @@ impl Engine {
     fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, dense: Dense, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
         let stats = CacheStats::new(policy, pool.n_slots, pool.slot_bytes, config.n_layer);
         let Dense { state, prefill } = dense;
-        Engine { gpu, config, weights, pool, experts, state, prefill, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding }
+        Engine { gpu, config, weights, pool, experts, state, prefill, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding, ahead: None, run_ahead: true }
     }
 
     /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
@@ -345,6 +358,12 @@ impl Engine {
     pub fn reset(&mut self) {
         self.state.clear(&self.gpu);
         self.tokens.clear();
+        self.ahead = None;
+    }
+
+    /// Whether [`Engine::next_greedy`] runs a step ahead (default true; false to compare).
+    pub fn set_run_ahead(&mut self, on: bool) {
+        self.run_ahead = on;
     }
 
     fn check_token(&self, token: u32) -> Result<(), String> {
@@ -357,25 +376,70 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs `token` at the next position. A failure part-way (an expert that cannot be read) leaves the states
-    /// half-updated, so the sequence is forgotten: the next feed starts over.
-    async fn advance(&mut self, token: u32) -> Result<(), String> {
-        self.check_token(token)?;
-        self.gpu.check().map_err(|e| e.0)?;
-        let pos = self.tokens.len() as u32;
-        let result = forward::run_step(&self.gpu, &self.config, &self.weights, &mut self.pool, &self.state, &mut self.experts, &mut self.stats, token, pos).await;
-        if let Err(e) = result {
+    /// Runs a step at position `pos` (its pick also copied to `state.picks[pick_to]`). A failure part-way (an
+    /// expert that cannot be read) leaves the states half-updated, so the sequence is forgotten: the next feed
+    /// starts over.
+    async fn run_step(&mut self, token: StepToken, pos: usize, pick_to: Option<usize>) -> Result<wgpu::SubmissionIndex, String> {
+        if let Err(e) = self.gpu.check().map_err(|e| e.0) {
             self.reset();
             return Err(e);
         }
+        let result = forward::run_step(&self.gpu, &self.config, &self.weights, &mut self.pool, &self.state, &mut self.experts, &mut self.stats, token, pos as u32, pick_to).await;
+        match result {
+            Ok(_) => self.stats.tokens += 1,
+            Err(_) => self.reset(),
+        }
+        result
+    }
+
+    /// Runs `token` at the next position: takes the step run ahead when it was for `token`, else undoes it first.
+    async fn advance(&mut self, token: u32) -> Result<(), String> {
+        self.check_token(token)?;
+        if self.take_ahead(token).await? {
+            return Ok(());
+        }
+        self.run_step(StepToken::Id(token), self.tokens.len(), None).await?;
         self.tokens.push(token);
-        self.stats.tokens += 1;
+        Ok(())
+    }
+
+    /// Whether the step run ahead was for `token` (then it now counts as run). One for another token is undone:
+    /// the states cannot step back, so they start over and run the tokens before it again.
+    async fn take_ahead(&mut self, token: u32) -> Result<bool, String> {
+        let Some(ahead) = self.ahead.take() else { return Ok(false) };
+        if ahead.token == token {
+            self.tokens.push(token);
+            return Ok(true);
+        }
+        let tokens = std::mem::take(&mut self.tokens);
+        self.reset();
+        if !tokens.is_empty() {
+            self.run_tokens(&tokens).await?;
+        }
+        Ok(false)
+    }
+
+    /// Runs `tokens` from the current position (batched when there is a prefill and more than one), without
+    /// reading anything back; the logits of the last land in the states' logits buffer.
+    async fn run_tokens(&mut self, tokens: &[u32]) -> Result<(), String> {
+        if self.prefill.is_some() && tokens.len() > 1 {
+            return self.prefill(tokens).await;
+        }
+        for &t in tokens {
+            self.check_token(t)?;
+            self.run_step(StepToken::Id(t), self.tokens.len(), None).await?;
+            self.tokens.push(t);
+        }
         Ok(())
     }
 
     /// Runs `token` at the next position and returns the logits.
     pub async fn step(&mut self, token: u32) -> Result<Vec<f32>, String> {
         self.advance(token).await?;
+        self.read_logits().await
+    }
+
+    async fn read_logits(&mut self) -> Result<Vec<f32>, String> {
         self.stats.syncs += 1;
         let bytes = self.gpu.read_back(&self.state.logits, self.state.vocab as u64 * 4).await.map_err(|e| e.0)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes[..self.state.vocab * 4]))
@@ -385,12 +449,56 @@ impl Engine {
     pub async fn step_argmax(&mut self, token: u32) -> Result<u32, String> {
         self.advance(token).await?;
         self.stats.syncs += 1;
-        let bytes = self.gpu.read_back(&self.state.argmax, 8).await.map_err(|e| e.0)?;
+        let bytes = self.gpu.read_back(&self.state.argmax, PICK_BYTES).await.map_err(|e| e.0)?;
         Ok(u32::from_le_bytes(bytes[..4].try_into().unwrap()))
     }
 
+    /// [`Engine::step_argmax`] for a greedy decode loop, which runs each pick next: with every expert resident, the
+    /// step for the pick is submitted before the pick is read back (it embeds the pick on the GPU), so the GPU runs
+    /// it while the CPU reads the pick, hands it on and records the step after. The states then hold that step; a
+    /// next call with the pick takes it, anything else ([`Engine::feed`] of other tokens, a step of another token)
+    /// undoes it first. Streaming engines, and the last position of the context, step as `step_argmax` does.
+    pub async fn next_greedy(&mut self, token: u32) -> Result<u32, String> {
+        self.check_token(token)?;
+        let (pick_in, done) = match self.ahead.take() {
+            Some(ahead) if ahead.token == token => {
+                self.tokens.push(token);
+                (ahead.pick_in, ahead.done)
+            }
+            other => {
+                self.ahead = other;
+                self.take_ahead(token).await?;
+                let done = self.run_step(StepToken::Id(token), self.tokens.len(), Some(0)).await?;
+                self.tokens.push(token);
+                (0, done)
+            }
+        };
+        let mut ahead = None;
+        if self.run_ahead && !self.is_streaming() && self.tokens.len() < self.n_ctx {
+            let next_in = 1 - pick_in;
+            let done = self.run_step(StepToken::LastPick, self.tokens.len(), Some(next_in)).await?;
+            ahead = Some((next_in, done));
+        }
+        self.stats.syncs += 1;
+        let read = self.gpu.read_mapped(&self.state.picks[pick_in], done, PICK_BYTES).await;
+        let pick = match read {
+            Ok(bytes) => u32::from_le_bytes(bytes[..4].try_into().unwrap()),
+            Err(e) => {
+                self.reset();
+                return Err(e.0);
+            }
+        };
+        if pick as usize >= self.state.vocab {
+            self.reset();
+            return Err(format!("the GPU's greedy pick {pick} is outside the vocabulary (size {}): a GPU fault?", self.state.vocab));
+        }
+        self.ahead = ahead.map(|(pick_in, done)| Ahead { token: pick, pick_in, done });
+        Ok(pick)
+    }
+
     /// The routing of the last decode step, per MoE layer (read back from the GPU; for checks against references,
-    /// where a near-tie in routing may legitimately go the other way). A chunked prefill does not update it.
+    /// where a near-tie in routing may legitimately go the other way). A chunked prefill does not update it; a
+    /// step [`Engine::next_greedy`] ran ahead does.
     pub async fn last_routing(&self) -> Result<Vec<(usize, Selection)>, String> {
         let k = self.config.n_expert_used as u32;
         let mut out = Vec::new();
@@ -415,21 +523,24 @@ impl Engine {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.state.vocab) {
             return Err(format!("token id {bad} is outside the vocabulary (size {})", self.state.vocab));
         }
+        // a step run ahead is kept when the tokens go on through it; they may end with it (its logits are there)
+        if let Some(ahead) = self.ahead.take() {
+            if tokens.len() > self.tokens.len() && tokens.starts_with(&self.tokens) && tokens[self.tokens.len()] == ahead.token {
+                self.tokens.push(ahead.token);
+                if tokens.len() == self.tokens.len() {
+                    return self.read_logits().await;
+                }
+            } else {
+                self.reset();
+            }
+        }
         let extends = tokens.len() > self.tokens.len() && tokens.starts_with(&self.tokens);
         if !extends {
             self.reset();
         }
         let start = self.tokens.len();
-        if self.prefill.is_some() && tokens.len() - start > 1 {
-            self.prefill(&tokens[start..]).await?;
-            self.stats.syncs += 1;
-            let bytes = self.gpu.read_back(&self.state.logits, self.state.vocab as u64 * 4).await.map_err(|e| e.0)?;
-            return Ok(bytemuck::pod_collect_to_vec(&bytes[..self.state.vocab * 4]));
-        }
-        for &t in &tokens[start..tokens.len() - 1] {
-            self.advance(t).await?;
-        }
-        self.step(tokens[tokens.len() - 1]).await
+        self.run_tokens(&tokens[start..]).await?;
+        self.read_logits().await
     }
 
     /// Tokens per chunk of the batched prefill (1: prompts go token by token).

@@ -305,7 +305,7 @@ impl GenerationState {
                 self.started = true;
                 self.sampler.sample(&mut logits, engine.tokens())
             }
-            Some(t) if self.fast_greedy => engine.step_argmax(t).await?,
+            Some(t) if self.fast_greedy => engine.next_greedy(t).await?,
             Some(t) => {
                 let mut logits = engine.step(t).await?;
                 self.sampler.sample(&mut logits, engine.tokens())

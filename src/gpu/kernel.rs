@@ -264,9 +264,20 @@ impl Pass {
     }
 
     /// Encodes every dispatch into one compute pass and submits it.
-    pub fn submit(self, gpu: &Gpu) {
+    pub fn submit(self, gpu: &Gpu) -> wgpu::SubmissionIndex {
+        self.submit_then_copy(gpu, None)
+    }
+
+    /// [`Pass::submit`], with `copy` = (from, to, bytes) copied after the dispatches in the same submission (a
+    /// result into a buffer that can be mapped, read once this submission is done: [`Gpu::read_mapped`]).
+    pub fn submit_then_copy(self, gpu: &Gpu, copy: Option<(&wgpu::Buffer, &wgpu::Buffer, u64)>) -> wgpu::SubmissionIndex {
         if gpu.is_profiling() {
-            return self.submit_one_by_one(gpu);
+            self.submit_one_by_one(gpu);
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            if let Some((from, to, bytes)) = copy {
+                encoder.copy_buffer_to_buffer(from, 0, to, 0, bytes);
+            }
+            return gpu.queue.submit([encoder.finish()]);
         }
         let began = crate::clock::now_s();
         let groups = self.bind(gpu);
@@ -293,8 +304,12 @@ impl Pass {
             encoder.copy_buffer_to_buffer(&resolved, 0, &read, 0, count as u64 * 8);
             gpu.keep_stamps(super::timeline::Stamps { read, dispatches: self.dispatches.iter().map(|d| (d.kernel.label.clone(), d.grid)).collect() });
         }
-        gpu.queue.submit([encoder.finish()]);
+        if let Some((from, to, bytes)) = copy {
+            encoder.copy_buffer_to_buffer(from, 0, to, 0, bytes);
+        }
+        let index = gpu.queue.submit([encoder.finish()]);
         gpu.count_submit(self.dispatches.len(), crate::clock::now_s() - began);
+        index
     }
 
     fn submit_one_by_one(self, gpu: &Gpu) {

@@ -290,6 +290,16 @@ impl Gpu {
         })
     }
 
+    /// A buffer of `size` bytes that copies land in and the CPU maps to read ([`Gpu::read_mapped`]).
+    pub fn mappable_buffer(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
     /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
     pub fn upload(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         let buffer = self.storage_buffer(label, bytes.len() as u64);
@@ -303,26 +313,33 @@ impl Gpu {
     pub async fn read_back(&self, buffer: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
         self.check()?;
         let size = size.next_multiple_of(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.mappable_buffer("readback", size);
         let mut encoder = self.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        self.queue.submit([encoder.finish()]);
-        self.count(|c| {
-            c.submits += 1;
-            c.readbacks += 1;
-        });
+        let copied = self.queue.submit([encoder.finish()]);
+        self.count(|c| c.submits += 1);
+        self.read_mapped(&staging, copied, size).await
+    }
+
+    /// A buffer that can be mapped for reading ([`Gpu::mappable_buffer`]), read once submission `after` (the last to
+    /// write it) is done, whatever was submitted since: the CPU can read one step's result while the GPU runs the
+    /// next. Counts as a readback (a sync).
+    pub async fn read_mapped(&self, staging: &wgpu::Buffer, after: wgpu::SubmissionIndex, size: u64) -> Result<Vec<u8>, GpuError> {
+        self.check()?;
+        self.count(|c| c.readbacks += 1);
         let waited_from = crate::clock::now_s();
         let (tx, rx) = futures_channel::oneshot::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
         #[cfg(not(target_arch = "wasm32"))]
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError(format!("GPU poll failed: {e}")))?;
+        if let Err(e) = self.device.poll(wgpu::PollType::Wait { submission_index: Some(after), timeout: None }) {
+            // a submission that failed (the device lost, or an error in it) has no index to wait for: say why
+            self.check()?;
+            return Err(GpuError(format!("waiting for the GPU failed ({e}): the GPU device was lost or is out of memory; load the engine again (the store is kept)")));
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = after; // the browser maps the buffer once the work that writes it is done
         let mapped = rx.await.map_err(|_| GpuError("the GPU device was lost during a readback: load the engine again (the store is kept)".into()))?;
         let waited = crate::clock::now_s() - waited_from;
         self.count(|c| c.wait_s += waited);
@@ -334,7 +351,7 @@ impl Gpu {
             self.check()?;
             return Err(GpuError(format!("reading results back from the GPU failed ({e}): the GPU device was lost or is out of memory; load the engine again (the store is kept)")));
         }
-        let data = staging.slice(..).get_mapped_range().map_err(|e| GpuError(format!("readback: {e}")))?.to_vec();
+        let data = staging.slice(..size).get_mapped_range().map_err(|e| GpuError(format!("readback: {e}")))?.to_vec();
         staging.unmap();
         // the work before this readback may have failed or lost the device: never hand back its results
         self.check()?;

@@ -116,7 +116,7 @@ pub async fn check_greedy(engine: &mut Engine, case: &Case) -> usize {
         assert_eq!(next, want, "case {} greedy step {step}", case.id);
         compared += 1;
         if step + 1 < case.greedy.len() {
-            next = engine.step_argmax(next).await.unwrap();
+            next = engine.next_greedy(next).await.unwrap();
         }
     }
     compared

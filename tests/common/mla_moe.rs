@@ -300,13 +300,31 @@ fn route_reference(r: Router, logits: &[f32], bias: &[f32]) -> RouteReference {
     }
 }
 
-async fn route_on_gpu(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> Selection {
-    let sel = poisoned(gpu, "sel", selection_words(r.n_used));
+/// The selection of one token's `logits`, routed alone and as the middle token of three (a chunk's routing: both
+/// must give the reference's selection).
+async fn route_on_gpu(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Selection; 2] {
+    let words = selection_words(r.n_used);
+    let bias_buf = gpu.upload("exp_probs_b", &f32_bytes(bias));
+    let sel = poisoned(gpu, "sel", words);
     let mut pass = Pass::new();
-    let (logits_buf, bias_buf) = (gpu.upload("router logits", &f32_bytes(logits)), gpu.upload("exp_probs_b", &f32_bytes(bias)));
-    moe::route(gpu, &mut pass, &logits_buf, &bias_buf, &sel, r.n_expert, r.n_used, r.n_group, r.n_group_used, r.norm, r.scale);
+    moe::route(gpu, &mut pass, &gpu.upload("router logits", &f32_bytes(logits)), &bias_buf, &sel, r.n_expert, r.n_used, r.n_group, r.n_group_used, r.norm, r.scale);
     pass.submit(gpu);
-    Selection::from_words(&read_u32(gpu, &sel, selection_words(r.n_used)).await, r.n_used)
+    let alone = Selection::from_words(&read_u32(gpu, &sel, words).await, r.n_used);
+    // the other two tokens: the logits reversed, and shifted by one expert
+    let mut chunk: Vec<f32> = logits.iter().rev().copied().collect();
+    chunk.extend_from_slice(logits);
+    chunk.extend(logits.iter().cycle().skip(1).take(logits.len()));
+    let sels = poisoned(gpu, "sels", 1 + 3 * words);
+    let mut pass = Pass::new();
+    moe::route_tokens(gpu, &mut pass, &gpu.upload("chunk logits", &f32_bytes(&chunk)), &bias_buf, &sels, 1, 3, r.n_expert, r.n_used, r.n_group, r.n_group_used, r.norm, r.scale);
+    pass.submit(gpu);
+    let read = read_u32(gpu, &sels, 1 + 3 * words).await;
+    [alone, Selection::from_words(&read[1 + words..1 + 2 * words], r.n_used)]
+}
+
+fn check_selections(what: &str, got: &[Selection; 2], want: &RouteReference) {
+    check_selection(&format!("{what}, alone"), &got[0], want);
+    check_selection(&format!("{what}, in a chunk"), &got[1], want);
 }
 
 fn check_selection(what: &str, got: &Selection, want: &RouteReference) {
@@ -350,13 +368,13 @@ pub async fn moe_route_matches_reference(gpu: &Gpu) {
     let mut rng = Rand::new(seed);
     for r in ROUTERS {
         let (logits, bias, want) = separated_inputs(&mut rng, r, 0.0, seed);
-        check_selection(&format!("route {r:?} (seed {seed})"), &route_on_gpu(gpu, r, &logits, &bias).await, &want);
+        check_selections(&format!("route {r:?} (seed {seed})"), &route_on_gpu(gpu, r, &logits, &bias).await, &want);
     }
     let tiny_probabilities = Router { n_expert: 64, n_group: 4, n_group_used: 2, n_used: 4, norm: true, scale: 2.5 };
     let (logits, bias, want) = separated_inputs(&mut rng, tiny_probabilities, -20.0, seed);
     assert!(want.weight_sum_floored, "logits near −20 should put Σσ under 2⁻¹⁴");
     let what = format!("route with floored weight sum (seed {seed})");
-    check_selection(&what, &route_on_gpu(gpu, tiny_probabilities, &logits, &bias).await, &want);
+    check_selections(&what, &route_on_gpu(gpu, tiny_probabilities, &logits, &bias).await, &want);
 }
 
 pub async fn moe_route_ties_pick_lower_index(gpu: &Gpu) {
@@ -369,7 +387,7 @@ pub async fn moe_route_ties_pick_lower_index(gpu: &Gpu) {
         let want = route_reference(r, &vec![logit; n], &vec![bias; n]);
         assert_eq!(want.ids, (0..r.n_used).collect::<Vec<_>>());
         let what = format!("route, all scores equal, {r:?} (seed {seed})");
-        check_selection(&what, &route_on_gpu(gpu, r, &vec![logit; n], &vec![bias; n]).await, &want);
+        check_selections(&what, &route_on_gpu(gpu, r, &vec![logit; n], &vec![bias; n]).await, &want);
 
         // exact ties at both boundaries: the best dropped group becomes a copy of the last kept one, then the
         // runner-up expert a copy of the last pick; retried until nothing else comes close
@@ -393,7 +411,7 @@ pub async fn moe_route_ties_pick_lower_index(gpu: &Gpu) {
             }
         };
         let what = format!("route, ties at the group and expert boundaries, {r:?} (seed {seed})");
-        check_selection(&what, &route_on_gpu(gpu, r, &logits, &bias).await, &want);
+        check_selections(&what, &route_on_gpu(gpu, r, &logits, &bias).await, &want);
     }
 }
 
