@@ -399,7 +399,7 @@ impl Engine {
     /// Runs `token` at the next position: takes the step run ahead when it was for `token`, else undoes it first.
     async fn advance(&mut self, token: u32) -> Result<(), String> {
         self.check_token(token)?;
-        if self.take_ahead(token).await? {
+        if self.take_ahead(token).await?.is_some() {
             return Ok(());
         }
         self.run_step(StepToken::Id(token), self.tokens.len(), None).await?;
@@ -407,20 +407,20 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether the step run ahead was for `token` (then it now counts as run). One for another token is undone:
-    /// the states cannot step back, so they start over and run the tokens before it again.
-    async fn take_ahead(&mut self, token: u32) -> Result<bool, String> {
-        let Some(ahead) = self.ahead.take() else { return Ok(false) };
+    /// The step run ahead, when it was for `token` (it now counts as run). One for another token is undone: the
+    /// states cannot step back, so they start over and run the tokens before it again.
+    async fn take_ahead(&mut self, token: u32) -> Result<Option<Ahead>, String> {
+        let Some(ahead) = self.ahead.take() else { return Ok(None) };
         if ahead.token == token {
             self.tokens.push(token);
-            return Ok(true);
+            return Ok(Some(ahead));
         }
         let tokens = std::mem::take(&mut self.tokens);
         self.reset();
         if !tokens.is_empty() {
             self.run_tokens(&tokens).await?;
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// Runs `tokens` from the current position (batched when there is a prefill and more than one), without
@@ -464,14 +464,9 @@ impl Engine {
     /// undoes it first. Streaming engines, and the last position of the context, step as `step_argmax` does.
     pub async fn next_greedy(&mut self, token: u32) -> Result<u32, String> {
         self.check_token(token)?;
-        let (pick_in, done) = match self.ahead.take() {
-            Some(ahead) if ahead.token == token => {
-                self.tokens.push(token);
-                (ahead.pick_in, ahead.done)
-            }
-            other => {
-                self.ahead = other;
-                self.take_ahead(token).await?;
+        let (pick_in, done) = match self.take_ahead(token).await? {
+            Some(ahead) => (ahead.pick_in, ahead.done),
+            None => {
                 let done = self.run_step(StepToken::Id(token), self.tokens.len(), Some(0)).await?;
                 self.tokens.push(token);
                 (0, done)
