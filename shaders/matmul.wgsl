@@ -17,6 +17,8 @@
 //                   tokens are pairs p = token·k + j from the list, reading x row p / x_div (at x_offset +
 //                   row·x_stride) and writing y row p (at y_offset + p·y_stride).
 //   matmul_experts_rows  the same with row tiles, for chunks of at most 16 tokens.
+//   matmul_sum_slices  y[y_offset + t·y_stride + r] = Σ_s partials[(s·tokens + t)·rows + r]: the column slices of
+//                   a product split to fill the GPU (the slices are batches of the entries above).
 // Prepended with quant.wgsl. Every write is bounds-checked.
 
 const TILE_ROWS: u32 = 64u;
@@ -63,90 +65,145 @@ fn w_word(b: u32) -> u32 {
     return (weights[i] >> s) | (weights[i + 1u] << (32u - s));
 }
 
-// Values col .. col+7 of the row starting at byte `row` (col is a multiple of 8), in ggml's arithmetic.
-fn decode8(ty: u32, row: u32, col: u32) -> array<f32, 8> {
+// One step's loads for an invocation, issued a step early (before the barrier-bound compute of the step before,
+// which then hides their latency): the raw words that hold 8 weights of a tile row, columns col .. col+7, and 8
+// inputs of a tile token. Q4_K: d|dmin, the 12 scale bytes, 8 nibbles; Q6_K: 8 low nibbles, 8 high pairs, the
+// scale's word, d's; F32: the values; other types are decoded from the weights when staged.
+struct Fetched {
+    w0: vec4<u32>,
+    w1: vec4<u32>,
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+}
+
+fn fetch_step(prm: Params, row_ok: bool, row: u32, loads: bool, x_base: u32, col: u32) -> Fetched {
+    var f: Fetched;
+    if (row_ok) {
+        if (prm.col_stride != 0u) {
+            let at = (row >> 2u) + col * prm.col_stride;
+            let cs = prm.col_stride;
+            f.w0 = vec4<u32>(weights[at], weights[at + cs], weights[at + 2u * cs], weights[at + 3u * cs]);
+            f.w1 = vec4<u32>(weights[at + 4u * cs], weights[at + 5u * cs], weights[at + 6u * cs], weights[at + 7u * cs]);
+        } else {
+            switch prm.ty {
+                case 12u: {
+                    let block = row + (col / 256u) * 144u;
+                    let s = (col % 256u) / 32u;
+                    let qs = block + 16u + (s / 2u) * 32u + (col % 32u);
+                    f.w0 = vec4<u32>(w_word(block), w_word(block + 4u), w_word(block + 8u), w_word(block + 12u));
+                    f.w1 = vec4<u32>(w_word(qs), w_word(qs + 4u), 0u, 0u);
+                }
+                case 14u: {
+                    let block = row + (col / 256u) * 210u;
+                    let sb = (col % 256u) / 32u;
+                    let half = sb / 4u;
+                    let quarter = sb % 4u;
+                    let l0 = col % 32u;
+                    let ql = block + half * 64u + select(0u, 32u, quarter == 1u || quarter == 3u) + l0;
+                    let qh = block + 128u + half * 32u + l0;
+                    f.w0 = vec4<u32>(w_word(ql), w_word(ql + 4u), w_word(qh), w_word(qh + 4u));
+                    f.w1 = vec4<u32>(w_word(block + 192u + half * 8u + l0 / 16u + 2u * quarter), w_word(block + 208u), 0u, 0u);
+                }
+                case 0u: {
+                    let at = (row >> 2u) + col;
+                    f.w0 = vec4<u32>(weights[at], weights[at + 1u], weights[at + 2u], weights[at + 3u]);
+                    f.w1 = vec4<u32>(weights[at + 4u], weights[at + 5u], weights[at + 6u], weights[at + 7u]);
+                }
+                default: {}
+            }
+        }
+    }
+    if (loads) {
+        let at = x_base + col;
+        f.x0 = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
+        f.x1 = vec4<f32>(x[at + 4u], x[at + 5u], x[at + 6u], x[at + 7u]);
+    }
+    return f;
+}
+
+// Byte j of the words a, b, c (the 12 scale bytes of a Q4_K block).
+fn byte_of(a: u32, b: u32, c: u32, j: u32) -> u32 {
+    let word = select(select(c, b, j < 8u), a, j < 4u);
+    return (word >> ((j % 4u) * 8u)) & 0xffu;
+}
+
+// d·scale and dmin·min of sub-block s of a Q4_K block from its first 16 bytes (d|dmin, then the 12 scale bytes),
+// as quant.wgsl's q4_k_scale_min reads them.
+fn q4_k_fetched_scale_min(head: vec4<u32>, s: u32) -> vec2<f32> {
+    var sc: u32;
+    var mn: u32;
+    if (s < 4u) {
+        sc = byte_of(head.y, head.z, head.w, s) & 63u;
+        mn = byte_of(head.y, head.z, head.w, s + 4u) & 63u;
+    } else {
+        sc = (byte_of(head.y, head.z, head.w, s + 4u) & 15u) | ((byte_of(head.y, head.z, head.w, s - 4u) >> 6u) << 4u);
+        mn = (byte_of(head.y, head.z, head.w, s + 4u) >> 4u) | ((byte_of(head.y, head.z, head.w, s) >> 6u) << 4u);
+    }
+    let dm = unpack2x16float(head.x);
+    return vec2<f32>(dm.x * f32(sc), dm.y * f32(mn));
+}
+
+// The 8 weights of a fetch (columns col .. col+7 of the row at byte `row`, zeros when not `row_ok`), in ggml's
+// arithmetic.
+fn decode_fetched(prm: Params, f: Fetched, row_ok: bool, row: u32, col: u32) -> array<f32, 8> {
     var out: array<f32, 8>;
-    switch ty {
+    if (!row_ok) { return out; }
+    if (prm.col_stride != 0u) {
+        for (var n = 0u; n < 4u; n++) {
+            out[n] = bitcast<f32>(f.w0[n]);
+            out[n + 4u] = bitcast<f32>(f.w1[n]);
+        }
+        return out;
+    }
+    switch prm.ty {
         case 12u: { // Q4_K: 8 nibbles of one sub-block, one scale and min
-            let block = row + (col / 256u) * 144u;
             let s = (col % 256u) / 32u;
-            let sm = q4_k_scale_min(block, s);
-            let d1 = w_f16(block) * sm.x;
-            let m1 = w_f16(block + 2u) * sm.y;
-            let qs = block + 16u + (s / 2u) * 32u + (col % 32u);
+            let dm = q4_k_fetched_scale_min(f.w0, s);
+            let d1 = dm.x;
+            let m1 = dm.y;
             let shift = (s % 2u) * 4u;
-            let lo = w_word(qs);
-            let hi = w_word(qs + 4u);
             for (var n = 0u; n < 4u; n++) {
-                out[n] = d1 * f32((lo >> (8u * n + shift)) & 15u) - m1;
-                out[n + 4u] = d1 * f32((hi >> (8u * n + shift)) & 15u) - m1;
+                out[n] = d1 * f32((f.w1.x >> (8u * n + shift)) & 15u) - m1;
+                out[n + 4u] = d1 * f32((f.w1.y >> (8u * n + shift)) & 15u) - m1;
             }
         }
         case 14u: { // Q6_K: 8 low nibbles and 2-bit highs, one int8 scale
-            let block = row + (col / 256u) * 210u;
-            let sb = (col % 256u) / 32u;
-            let half = sb / 4u;
-            let quarter = sb % 4u;
-            let l0 = col % 32u;
-            let ql = block + half * 64u + select(0u, 32u, quarter == 1u || quarter == 3u) + l0;
-            let qh = block + 128u + half * 32u + l0;
+            let quarter = ((col % 256u) / 32u) % 4u;
             let ql_shift = select(0u, 4u, quarter >= 2u);
-            let ds = w_f16(block + 208u) * f32(sign_extend8(w_byte(block + 192u + half * 8u + l0 / 16u + 2u * quarter)));
-            let ql0 = w_word(ql);
-            let ql1 = w_word(ql + 4u);
-            let qh0 = w_word(qh);
-            let qh1 = w_word(qh + 4u);
+            let ds = unpack2x16float(f.w1.y).x * f32(sign_extend8(f.w1.x & 0xffu));
             for (var n = 0u; n < 4u; n++) {
-                let a = i32(((ql0 >> (8u * n + ql_shift)) & 15u) | (((qh0 >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
-                let b = i32(((ql1 >> (8u * n + ql_shift)) & 15u) | (((qh1 >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
+                let a = i32(((f.w0.x >> (8u * n + ql_shift)) & 15u) | (((f.w0.z >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
+                let b = i32(((f.w0.y >> (8u * n + ql_shift)) & 15u) | (((f.w0.w >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
                 out[n] = ds * f32(a);
                 out[n + 4u] = ds * f32(b);
             }
         }
-        case 0u: { // F32
-            let at = (row >> 2u) + col;
-            for (var n = 0u; n < 8u; n++) {
-                out[n] = bitcast<f32>(weights[at + n]);
+        case 0u: {
+            for (var n = 0u; n < 4u; n++) {
+                out[n] = bitcast<f32>(f.w0[n]);
+                out[n + 4u] = bitcast<f32>(f.w1[n]);
             }
         }
         default: {
             for (var n = 0u; n < 8u; n++) {
-                out[n] = row_value(ty, row, col + n);
+                out[n] = row_value(prm.ty, row, col + n);
             }
         }
     }
     return out;
 }
 
-// Values col .. col+7 of row r of an f32 matrix stored by columns (`row` = the byte of W[r, 0]).
-fn column8(row: u32, col: u32, col_stride: u32) -> array<f32, 8> {
-    var out: array<f32, 8>;
-    let at = (row >> 2u) + col * col_stride;
-    for (var n = 0u; n < 8u; n++) {
-        out[n] = bitcast<f32>(weights[at + n * col_stride]);
-    }
-    return out;
-}
-
-// One step's loads into workgroup memory: 8 weights of a tile row (when `row_ok`; zeros otherwise) and 8
-// inputs of a tile token (when `loads`), columns k0 + part .. +7, at [column of the step][group of 4] with
-// `groups` groups of 4 per column; `slot` is the tile row and token the invocation loads.
-fn stage_step(prm: Params, row_ok: bool, row_at: u32, loads: bool, x_base: u32, k0: u32, part: u32, slot: u32, groups: u32) {
-    var w: array<f32, 8>;
-    if (row_ok) {
-        if (prm.col_stride != 0u) {
-            w = column8(row_at, k0 + part, prm.col_stride);
-        } else {
-            w = decode8(prm.ty, row_at, k0 + part);
-        }
-    }
+// A fetched step into workgroup memory: its 8 weights of a tile row and 8 inputs of a tile token (zeros where
+// the row or token is not the tile's), at [column of the step][group of 4] with `groups` groups of 4 per
+// column; `slot` is the tile row and token the invocation loads, `part` its first column within the step.
+fn stage_step(prm: Params, f: Fetched, row_ok: bool, row_at: u32, col: u32, part: u32, slot: u32, groups: u32) {
+    let w = decode_fetched(prm, f, row_ok, row_at, col);
     for (var n = 0u; n < 8u; n++) {
         w_tile[(part + n) * groups + slot / 4u][slot % 4u] = w[n];
     }
-    for (var n = 0u; n < 8u; n++) {
-        var v = 0.0;
-        if (loads) { v = x[x_base + k0 + part + n]; }
-        x_tile[(part + n) * groups + slot / 4u][slot % 4u] = v;
+    for (var n = 0u; n < 4u; n++) {
+        x_tile[(part + n) * groups + slot / 4u][slot % 4u] = f.x0[n];
+        x_tile[(part + n + 4u) * groups + slot / 4u][slot % 4u] = f.x1[n];
     }
 }
 
@@ -163,9 +220,11 @@ fn tile_products(prm: Params, w_base: u32, row0: u32, x_base: u32, loads: bool, 
     let token_group = lid / 16u;
     let computes = token_group * 4u < count;
     var acc: array<vec4<f32>, 4>;
+    var next = fetch_step(prm, row_ok, row_at, loads, x_base, part);
     for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
-        stage_step(prm, row_ok, row_at, loads, x_base, k0, part, load_index, 16u);
+        stage_step(prm, next, row_ok, row_at, k0 + part, part, load_index, 16u);
         workgroupBarrier();
+        if (k0 + STEP < prm.cols) { next = fetch_step(prm, row_ok, row_at, loads, x_base, k0 + STEP + part); }
         if (computes) {
             for (var k = 0u; k < STEP; k++) {
                 let wv = w_tile[k * 16u + row_group];
@@ -246,9 +305,11 @@ fn matmul_big(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let tg = lid / 16u;
     let computes = tg * 4u < count;
     var acc: array<vec4<f32>, 16>;
+    var next = fetch_step(prm, row_ok, row_at, loads, x_base, part);
     for (var k0 = 0u; k0 < prm.cols; k0 += BIG_STEP) {
-        stage_step(prm, row_ok, row_at, loads, x_base, k0, part, load_index, 32u);
+        stage_step(prm, next, row_ok, row_at, k0 + part, part, load_index, 32u);
         workgroupBarrier();
+        if (k0 + BIG_STEP < prm.cols) { next = fetch_step(prm, row_ok, row_at, loads, x_base, k0 + BIG_STEP + part); }
         if (computes) {
             for (var k = 0u; k < BIG_STEP; k++) {
                 let w0 = w_tile[k * 32u + rg];
@@ -307,43 +368,68 @@ const ROW_TOKENS: u32 = 16u;
 // [tile token][column k of the step / 4]
 var<workgroup> token_tile: array<vec4<f32>, 128>;
 
-// Values col .. col+31 (one sub-block) of the row starting at byte `row`.
-fn decode32(ty: u32, row: u32, col: u32) -> array<f32, 32> {
-    var out: array<f32, 32>;
+// The raw words of one sub-block of a row (values col .. col+31, col a multiple of 32), fetched a step early as
+// fetch_step's are: Q4_K: its 8 words of nibbles in q[0..8], d|dmin and the 12 scale bytes in s; Q6_K: 8 words of
+// low nibbles in q[0..8] and 8 of high pairs in q[8..16], the scales' word and d's word in s; other types are
+// decoded from the weights.
+struct Fetched32 {
+    q: array<u32, 16>,
+    s: vec4<u32>,
+}
+
+fn fetch32(ty: u32, row: u32, col: u32) -> Fetched32 {
+    var f: Fetched32;
     switch ty {
-        case 12u: { // Q4_K: the sub-block's nibbles share 32 bytes with its neighbour's
+        case 12u: {
             let block = row + (col / 256u) * 144u;
-            let s = (col % 256u) / 32u;
-            let sm = q4_k_scale_min(block, s);
-            let d1 = w_f16(block) * sm.x;
-            let m1 = w_f16(block + 2u) * sm.y;
-            let qs = block + 16u + (s / 2u) * 32u;
-            let shift = (s % 2u) * 4u;
+            let qs = block + 16u + (((col % 256u) / 32u) / 2u) * 32u;
             for (var i = 0u; i < 8u; i++) {
-                let word = w_word(qs + 4u * i);
-                for (var n = 0u; n < 4u; n++) {
-                    out[4u * i + n] = d1 * f32((word >> (8u * n + shift)) & 15u) - m1;
-                }
+                f.q[i] = w_word(qs + 4u * i);
             }
+            f.s = vec4<u32>(w_word(block), w_word(block + 4u), w_word(block + 8u), w_word(block + 12u));
         }
-        case 14u: { // Q6_K
+        case 14u: {
             let block = row + (col / 256u) * 210u;
             let sb = (col % 256u) / 32u;
             let half = sb / 4u;
             let quarter = sb % 4u;
             let ql = block + half * 64u + select(0u, 32u, quarter == 1u || quarter == 3u);
             let qh = block + 128u + half * 32u;
-            let ql_shift = select(0u, 4u, quarter >= 2u);
-            let d = w_f16(block + 208u);
-            let scales = block + 192u + half * 8u + 2u * quarter;
-            let ds0 = d * f32(sign_extend8(w_byte(scales)));
-            let ds1 = d * f32(sign_extend8(w_byte(scales + 1u)));
             for (var i = 0u; i < 8u; i++) {
-                let low = w_word(ql + 4u * i);
-                let high = w_word(qh + 4u * i);
+                f.q[i] = w_word(ql + 4u * i);
+                f.q[i + 8u] = w_word(qh + 4u * i);
+            }
+            f.s = vec4<u32>(w_word(block + 192u + half * 8u + 2u * quarter), w_word(block + 208u), 0u, 0u);
+        }
+        default: {}
+    }
+    return f;
+}
+
+// Values col .. col+31 (one sub-block) of the row starting at byte `row`, from its fetch.
+fn decode_fetched32(ty: u32, f: Fetched32, row: u32, col: u32) -> array<f32, 32> {
+    var out: array<f32, 32>;
+    switch ty {
+        case 12u: { // Q4_K: the sub-block's nibbles share 32 bytes with its neighbour's
+            let s = (col % 256u) / 32u;
+            let dm = q4_k_fetched_scale_min(f.s, s);
+            let shift = (s % 2u) * 4u;
+            for (var i = 0u; i < 8u; i++) {
+                for (var n = 0u; n < 4u; n++) {
+                    out[4u * i + n] = dm.x * f32((f.q[i] >> (8u * n + shift)) & 15u) - dm.y;
+                }
+            }
+        }
+        case 14u: { // Q6_K: two int8 scales of 16 values each
+            let quarter = ((col % 256u) / 32u) % 4u;
+            let ql_shift = select(0u, 4u, quarter >= 2u);
+            let d = unpack2x16float(f.s.y).x;
+            let ds0 = d * f32(sign_extend8(f.s.x & 0xffu));
+            let ds1 = d * f32(sign_extend8((f.s.x >> 8u) & 0xffu));
+            for (var i = 0u; i < 8u; i++) {
                 let ds = select(ds0, ds1, i >= 4u);
                 for (var n = 0u; n < 4u; n++) {
-                    let q = i32(((low >> (8u * n + ql_shift)) & 15u) | (((high >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
+                    let q = i32(((f.q[i] >> (8u * n + ql_shift)) & 15u) | (((f.q[i + 8u] >> (8u * n + 2u * quarter)) & 3u) << 4u)) - 32;
                     out[4u * i + n] = ds * f32(q);
                 }
             }
@@ -363,16 +449,25 @@ fn row_products(prm: Params, row_at: u32, row_ok: bool, x_base: u32, loads: bool
     let load_token = lid / 8u;
     let part = (lid % 8u) * 4u;
     var acc: array<f32, 16>;
+    // each step's weights and inputs are fetched during the step before (see fetch_step)
+    var next_w: Fetched32;
+    var next_x = vec4<f32>(0.0);
+    if (row_ok) { next_w = fetch32(prm.ty, row_at, 0u); }
+    if (loads) { next_x = vec4<f32>(x[x_base + part], x[x_base + part + 1u], x[x_base + part + 2u], x[x_base + part + 3u]); }
     for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
-        var v = vec4<f32>(0.0);
-        if (loads) {
-            let at = x_base + k0 + part;
-            v = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
-        }
-        token_tile[load_token * 8u + part / 4u] = v;
+        token_tile[load_token * 8u + part / 4u] = next_x;
+        let fetched = next_w;
         workgroupBarrier();
+        let k1 = k0 + STEP;
+        if (k1 < prm.cols) {
+            if (row_ok) { next_w = fetch32(prm.ty, row_at, k1); }
+            if (loads) {
+                let at = x_base + k1 + part;
+                next_x = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
+            }
+        }
         if (row_ok) {
-            let w = decode32(prm.ty, row_at, k0);
+            let w = decode_fetched32(prm.ty, fetched, row_at, k0);
             for (var n = 0u; n < ROW_TOKENS; n++) {
                 if (n < count) {
                     var sum = 0.0;
@@ -473,9 +568,11 @@ fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let quarter = (lid / 16u) % split;
     let computes = token_group < token_groups;
     var acc: array<vec4<f32>, 4>;
+    var next = fetch_step(prm, row_ok, row_at, loads, x_base, part);
     for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
-        stage_step(prm, row_ok, row_at, loads, x_base, k0, part, load_index, 16u);
+        stage_step(prm, next, row_ok, row_at, k0 + part, part, load_index, 16u);
         workgroupBarrier();
+        if (k0 + STEP < prm.cols) { next = fetch_step(prm, row_ok, row_at, loads, x_base, k0 + STEP + part); }
         if (computes) {
             for (var k = quarter * width; k < quarter * width + width; k++) {
                 let wv = w_tile[k * 16u + row_group];
@@ -547,4 +644,32 @@ fn matmul_experts_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
             if (n < count) { store(prm.y_offset + groups[prm.list_at + start + n] * prm.y_stride + row, acc[n]); }
         }
     }
+}
+
+// ---- the slices of a product split by columns, added ----
+
+struct SumParams {
+    rows: u32,
+    tokens: u32,
+    slices: u32,
+    y_offset: u32,
+    y_stride: u32,
+}
+
+@group(0) @binding(0) var<storage, read> partials: array<f32>;
+@group(0) @binding(1) var<storage, read_write> sums: array<f32>;
+@group(0) @binding(2) var<uniform> ps: SumParams;
+
+@compute @workgroup_size(256)
+fn matmul_sum_slices(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let prm = ps;
+    let n = prm.rows * prm.tokens;
+    let i = (wg.x + wg.y * n_wg.x) * 256u + lid;
+    if (i >= n) { return; }
+    var total = 0.0;
+    for (var s = 0u; s < prm.slices; s++) {
+        total += partials[s * n + i];
+    }
+    let at = prm.y_offset + (i / prm.rows) * prm.y_stride + i % prm.rows;
+    if (at < arrayLength(&sums)) { sums[at] = total; }
 }

@@ -62,6 +62,11 @@ fn matmul_every_type_matches_reference() {
 }
 
 #[test]
+fn split_matmul_matches_reference() {
+    pollster::block_on(common::matmul::split_matmul_matches_reference(&gpu()));
+}
+
+#[test]
 fn batched_matmul_matches_reference() {
     pollster::block_on(common::matmul::batched_matmul_matches_reference(&gpu()));
 }

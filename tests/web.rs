@@ -225,6 +225,11 @@ async fn matmul_every_type_matches_reference() {
 }
 
 #[wasm_bindgen_test]
+async fn split_matmul_matches_reference() {
+    common::matmul::split_matmul_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn batched_matmul_matches_reference() {
     common::matmul::batched_matmul_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

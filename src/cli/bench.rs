@@ -47,6 +47,12 @@ pub struct BenchArgs {
     /// Products over more than 64 tokens on wide tiles (64 × 64) instead of big ones (128 × 128)
     #[arg(long)]
     pub no_big_tiles: bool,
+    /// Split a chunk's dense product by columns when its tiles are fewer workgroups than this (0: never)
+    #[arg(long, default_value_t = 256)]
+    pub split_target: u32,
+    /// Experts' pairs of chunks of any size in row tiles of up to 16 (each invocation a row) instead of wide tiles
+    #[arg(long)]
+    pub expert_row_tiles: bool,
     /// A new bind group for every dispatch instead of the ones kept from the last submission
     #[arg(long)]
     pub no_bind_cache: bool,
@@ -70,6 +76,8 @@ pub struct BenchArgs {
 
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
     crate::gpu::matmul::set_big_tiles(!args.no_big_tiles);
+    crate::gpu::matmul::set_split_target(args.split_target);
+    crate::gpu::matmul::set_expert_row_tiles(args.expert_row_tiles);
     crate::gpu::kernel::set_bind_cache(!args.no_bind_cache);
     crate::engine::set_layers_per_submit(args.layers_per_submit);
     let prompts: Vec<usize> = list("--prompts", &args.prompts)?;

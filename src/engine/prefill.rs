@@ -73,6 +73,8 @@ pub struct Prefill {
     experts_out: wgpu::Buffer,
     /// slot of each expert of the wave being computed (streaming), NONE for the others
     wave_slots: wgpu::Buffer,
+    /// the column slices' partial sums of a dense product split to fill the GPU ([`matmul::matmul_split`])
+    partials: wgpu::Buffer,
     /// GPU bytes of all of the above.
     pub bytes: u64,
 }
@@ -94,6 +96,13 @@ fn widths(c: &Config) -> Widths {
         ],
         per_span_token: vec![h, h, moe::selection_words(k as u32)],
     }
+}
+
+/// Partial sums of a split product: two slices of the widest dense product over up to 512 of the chunk's
+/// tokens (a product split more ways has fewer rows, and one over more tokens fills the GPU unsplit).
+fn partial_floats(c: &Config, chunk: usize) -> usize {
+    let widest = c.hidden.max(c.kda_dim()).max(c.n_head * c.key_length_mla).max(c.n_expert);
+    2 * widest * chunk.min(512)
 }
 
 fn floats(gpu: &Gpu, label: &str, n: usize) -> wgpu::Buffer {
@@ -129,6 +138,7 @@ impl Prefill {
             + bytes(group_words(c, chunk) as usize)
             + bytes(c.n_expert)
             + bytes(scores)
+            + bytes(partial_floats(c, chunk))
     }
 
     /// Chunk and span lowered until every buffer fits `max_binding` bytes.
@@ -189,6 +199,7 @@ impl Prefill {
             groups: floats(gpu, "prefill expert groups", group_words(c, t) as usize),
             experts_out: floats(gpu, "prefill experts out", t * k * h),
             wave_slots: floats(gpu, "prefill wave slots", c.n_expert),
+            partials: floats(gpu, "prefill split partials", partial_floats(c, chunk)),
             bytes: 0,
         };
         p.bytes = p.buffers().map(|b| b.size()).sum();
@@ -200,7 +211,7 @@ impl Prefill {
         [
             &self.ids, &self.x, &self.h, &self.sel, &self.attn_out, &self.ffn_out, &self.qkv_pre, &self.qkv, &self.fa, &self.beta_logits, &self.gb,
             &self.z, &self.o, &self.o_normed, &self.q, &self.kv, &self.q_abs, &self.latent_mix, &self.scores, &self.heads_out, &self.gate_logits, &self.gu,
-            &self.act, &self.router_logits, &self.groups, &self.experts_out, &self.wave_slots,
+            &self.act, &self.router_logits, &self.groups, &self.experts_out, &self.wave_slots, &self.partials,
         ]
         .into_iter()
     }
@@ -208,11 +219,13 @@ impl Prefill {
 
 /// Tile entries of one chunk's expert groups.
 fn chunk_tiles(c: &Config, tokens: usize) -> u32 {
-    matmul::max_tiles((tokens * c.n_expert_used) as u32, c.n_expert as u32)
+    matmul::max_tiles((tokens * c.n_expert_used) as u32, c.n_expert as u32, matmul::expert_tile_pairs(tokens as u32))
 }
 
+/// Words of a chunk's expert groups, for tiles of either size (the smaller ones need more entries).
 fn group_words(c: &Config, tokens: usize) -> u64 {
-    moe::group_list_at(chunk_tiles(c, tokens)) as u64 + (tokens * c.n_expert_used) as u64
+    let pairs = (tokens * c.n_expert_used) as u32;
+    moe::group_list_at(matmul::max_tiles(pairs, c.n_expert as u32, matmul::ROW_TOKENS)) as u64 + pairs as u64
 }
 
 /// What a span needs besides the GPU buffers.
@@ -256,10 +269,10 @@ pub async fn run_span(s: &Span<'_>, pool: &mut ExpertPool, experts: &mut Experts
             if !c.is_moe_layer(l) {
                 let f = c.ff_dense as u32;
                 let x_at = Rows::new(at, hidden);
-                t("ffn_gate.weight")?.matmul(gpu, pass, m as u32, &p.h, x_at, &p.gu, Rows::new(0, 2 * f));
-                t("ffn_up.weight")?.matmul(gpu, pass, m as u32, &p.h, x_at, &p.gu, Rows::new(f, 2 * f));
+                t("ffn_gate.weight")?.matmul(gpu, pass, m as u32, &p.h, x_at, &p.gu, Rows::new(0, 2 * f), &p.partials);
+                t("ffn_up.weight")?.matmul(gpu, pass, m as u32, &p.h, x_at, &p.gu, Rows::new(f, 2 * f), &p.partials);
                 moe::swiglu(gpu, pass, &p.gu, &p.act, f, m as u32, c.clamp_shexp[l]);
-                t("ffn_down.weight")?.matmul(gpu, pass, m as u32, &p.act, Rows::new(0, f), &p.ffn_out, Rows::new(0, hidden));
+                t("ffn_down.weight")?.matmul(gpu, pass, m as u32, &p.act, Rows::new(0, f), &p.ffn_out, Rows::new(0, hidden), &p.partials);
                 moe::add_at(gpu, pass, &p.x, at, &p.ffn_out, 0, m as u32 * hidden);
                 continue;
             }
@@ -320,18 +333,18 @@ fn kda_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     let (d, nh, hd) = (c.kda_dim() as u32, c.n_head as u32, c.kda_head_dim as u32);
     let (m32, hidden) = (m as u32, c.hidden as u32);
     let x_at = Rows::new((c0 * c.hidden) as u32, hidden);
-    t("attn_q.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.qkv_pre, Rows::new(0, 3 * d));
-    t("attn_k.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.qkv_pre, Rows::new(d, 3 * d));
-    t("attn_v.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.qkv_pre, Rows::new(2 * d, 3 * d));
+    t("attn_q.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.qkv_pre, Rows::new(0, 3 * d), &p.partials);
+    t("attn_k.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.qkv_pre, Rows::new(d, 3 * d), &p.partials);
+    t("attn_v.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.qkv_pre, Rows::new(2 * d, 3 * d), &p.partials);
     kda::conv_tokens(gpu, pass, &p.qkv_pre, conv_w, conv, &p.qkv, 3 * d, c.conv_kernel as u32, m32);
-    t("ssm_f_a.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.fa, Rows::new(0, d));
-    t("ssm_beta.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.beta_logits, Rows::new(0, nh));
+    t("ssm_f_a.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.fa, Rows::new(0, d), &p.partials);
+    t("ssm_beta.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.beta_logits, Rows::new(0, nh), &p.partials);
     kda::gates_tokens(gpu, pass, &p.fa, t("ssm_dt.bias")?.whole(), t("ssm_a")?.whole(), &p.beta_logits, &p.gb, nh, hd, c.gate_lower_bound, m32);
     kda::qk_norm_tokens(gpu, pass, &p.qkv, nh, hd, c.rms_eps, m32);
     kda::delta_tokens(gpu, pass, &p.qkv, &p.gb, recurrent, &p.o, nh, hd, m32);
-    t("ssm_g_a.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.z, Rows::new(0, d));
+    t("ssm_g_a.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.z, Rows::new(0, d), &p.partials);
     kda::head_norm_gate(gpu, pass, &p.o, t("ssm_norm.weight")?.whole(), &p.z, &p.o_normed, m32 * nh, hd, c.rms_eps);
-    t("attn_output.weight")?.matmul(gpu, pass, m32, &p.o_normed, Rows::new(0, d), &p.attn_out, Rows::new(0, hidden));
+    t("attn_output.weight")?.matmul(gpu, pass, m32, &p.o_normed, Rows::new(0, d), &p.attn_out, Rows::new(0, hidden), &p.partials);
     Ok(())
 }
 
@@ -342,8 +355,8 @@ fn mla_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     let (m32, hidden) = (m as u32, c.hidden as u32);
     let latent = rank + rope;
     let x_at = Rows::new((c0 * c.hidden) as u32, hidden);
-    t("attn_q.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.q, Rows::new(0, nh * d_qk));
-    t("attn_kv_a_mqa.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.kv, Rows::new(0, latent));
+    t("attn_q.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.q, Rows::new(0, nh * d_qk), &p.partials);
+    t("attn_kv_a_mqa.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.kv, Rows::new(0, latent), &p.partials);
     mla::kv_rows(gpu, pass, &p.kv, t("attn_kv_a_norm.weight")?.whole(), cache, pos, m32, rank, rope, c.rms_eps, c.rope_freq_base);
     // absorbed queries: per head h, q̃_h = W_kb,h · q_nope,h for every token
     let kb = t("attn_k_b.weight")?;
@@ -356,9 +369,9 @@ fn mla_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
     let vb_m = Matrix { ty: vb.ty, rows: d_v, cols: rank, byte_offset: 0 };
     let vb_stride = d_v as u64 * vb_m.row_bytes() as u64;
     matmul::batched(gpu, pass, vb.whole(), vb_m, vb_stride, nh, m32, &p.latent_mix, Rows::new(0, nh * rank), rank, &p.heads_out, Rows::new(0, nh * d_v), d_v);
-    t("attn_gate.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.gate_logits, Rows::new(0, nh));
+    t("attn_gate.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.gate_logits, Rows::new(0, nh), &p.partials);
     mla::head_gate(gpu, pass, &p.heads_out, &p.gate_logits, 0, m32 * nh, d_v);
-    t("attn_output.weight")?.matmul(gpu, pass, m32, &p.heads_out, Rows::new(0, nh * d_v), &p.attn_out, Rows::new(0, hidden));
+    t("attn_output.weight")?.matmul(gpu, pass, m32, &p.heads_out, Rows::new(0, nh * d_v), &p.attn_out, Rows::new(0, hidden), &p.partials);
     Ok(())
 }
 
@@ -366,7 +379,7 @@ fn mla_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, 
 fn route_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, c0: usize, m: usize) -> Result<(), String> {
     let e = c.n_expert as u32;
     let x_at = Rows::new((c0 * c.hidden) as u32, c.hidden as u32);
-    t("ffn_gate_inp.weight")?.matmul(gpu, pass, m as u32, &p.h, x_at, &p.router_logits, Rows::new(0, e));
+    t("ffn_gate_inp.weight")?.matmul(gpu, pass, m as u32, &p.h, x_at, &p.router_logits, Rows::new(0, e), &p.partials);
     let (k, groups, used) = (c.n_expert_used as u32, c.n_expert_group as u32, c.n_group_used as u32);
     moe::route_tokens(gpu, pass, &p.router_logits, t("exp_probs_b.bias")?.whole(), &p.sel, sel_offset(c, c0), m as u32, e, k, groups, used, c.expert_weights_norm, c.expert_weights_scale);
     Ok(())
@@ -377,10 +390,10 @@ fn route_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill
 fn shared_expert(gpu: &Gpu, pass: &mut Pass, c: &Config, t: &TensorOf, p: &Prefill, c0: usize, m: usize, l: usize) -> Result<(), String> {
     let (fs, hidden, m32) = (c.ff_shared as u32, c.hidden as u32, m as u32);
     let x_at = Rows::new((c0 * c.hidden) as u32, hidden);
-    t("ffn_gate_shexp.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.gu, Rows::new(0, 2 * fs));
-    t("ffn_up_shexp.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.gu, Rows::new(fs, 2 * fs));
+    t("ffn_gate_shexp.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.gu, Rows::new(0, 2 * fs), &p.partials);
+    t("ffn_up_shexp.weight")?.matmul(gpu, pass, m32, &p.h, x_at, &p.gu, Rows::new(fs, 2 * fs), &p.partials);
     moe::swiglu(gpu, pass, &p.gu, &p.act, fs, m32, c.clamp_shexp[l]);
-    t("ffn_down_shexp.weight")?.matmul(gpu, pass, m32, &p.act, Rows::new(0, fs), &p.ffn_out, Rows::new(0, hidden));
+    t("ffn_down_shexp.weight")?.matmul(gpu, pass, m32, &p.act, Rows::new(0, fs), &p.ffn_out, Rows::new(0, hidden), &p.partials);
     Ok(())
 }
 
@@ -393,20 +406,21 @@ fn experts_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, p: &Prefill, pool: &Exp
     let layout = pool.layouts[l].ok_or_else(|| format!("layer {l} has no expert record layout"))?;
     let max_tiles = chunk_tiles(c, m);
     let list_at = moe::group_list_at(max_tiles);
-    moe::group(gpu, pass, &p.sel, sel_offset(c, c0), m as u32, k, c.n_expert as u32, slots, slot_base, matmul::EXPERT_TILE_TOKENS, max_tiles, &p.groups);
+    let tile_pairs = matmul::expert_tile_pairs(m as u32);
+    moe::group(gpu, pass, &p.sel, sel_offset(c, c0), m as u32, k, c.n_expert as u32, slots, slot_base, tile_pairs, max_tiles, &p.groups);
     let x_at = Rows::new((c0 * c.hidden) as u32, hidden);
     for ch in pool.chunks_of(l) {
         match layout.gate_up_fused() {
-            Some(gate_up) => matmul::experts(gpu, pass, ch, gate_up, m as u32, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f)),
+            Some(gate_up) => matmul::experts(gpu, pass, ch, gate_up, tile_pairs, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f)),
             None => {
-                matmul::experts(gpu, pass, ch, layout.gate, m as u32, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f));
-                matmul::experts(gpu, pass, ch, layout.up, m as u32, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(f, 2 * f));
+                matmul::experts(gpu, pass, ch, layout.gate, tile_pairs, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f));
+                matmul::experts(gpu, pass, ch, layout.up, tile_pairs, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(f, 2 * f));
             }
         }
     }
     moe::swiglu(gpu, pass, &p.gu, &p.act, f, m as u32 * k, c.clamp_exp[l]);
     for ch in pool.chunks_of(l) {
-        matmul::experts(gpu, pass, ch, layout.down, m as u32, &p.groups, list_at, max_tiles, &p.act, Rows::new(0, f), 1, &p.experts_out, Rows::new(0, hidden));
+        matmul::experts(gpu, pass, ch, layout.down, tile_pairs, &p.groups, list_at, max_tiles, &p.act, Rows::new(0, f), 1, &p.experts_out, Rows::new(0, hidden));
     }
     Ok(())
 }

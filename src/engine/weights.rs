@@ -76,11 +76,11 @@ impl GpuTensor {
             each(p, Matrix { ty: self.ty, rows: p.rows as u32, cols: self.row_len() as u32, byte_offset: p.byte_offset });
         }
     }
-    /// For each of `tokens` tokens t: `y[y_at.offset + t·y_at.stride + r] = (W·x_t)[r]`, x_t at `x_at`; one
-    /// dispatch per piece.
+    /// For each of `tokens` tokens t: `y[y_at.offset + t·y_at.stride + r] = (W·x_t)[r]`, x_t at `x_at`; per
+    /// piece one dispatch, or two with its columns split into `partials` ([`matmul::matmul_split`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, gpu: &Gpu, pass: &mut Pass, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows) {
-        self.per_piece(|p, m| matmul::matmul(gpu, pass, &p.buffer, m, tokens, x, x_at, y, Rows::new(y_at.offset + p.first_row as u32, y_at.stride)));
+    pub fn matmul(&self, gpu: &Gpu, pass: &mut Pass, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows, partials: &wgpu::Buffer) {
+        self.per_piece(|p, m| matmul::matmul_split(gpu, pass, &p.buffer, m, tokens, x, x_at, y, Rows::new(y_at.offset + p.first_row as u32, y_at.stride), partials));
     }
 }
 

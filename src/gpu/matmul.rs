@@ -27,6 +27,18 @@ pub fn set_big_tiles(on: bool) {
     BIG_TILES.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Workgroups below which [`matmul_split`] splits a product's columns (0: never; `lingtab bench --split-target`).
+/// A product of few rows over a chunk (the β logits' 32 rows, the router's 512) is otherwise a handful of
+/// workgroups each stepping through every column while most of a large GPU idles.
+static SPLIT_TARGET: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(256);
+
+pub fn set_split_target(workgroups: u32) {
+    SPLIT_TARGET.store(workgroups, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Columns per unit of a split: a whole block of every type (256 values for the K-quants, 32 for the others).
+const SPLIT_UNIT: u32 = 256;
+
 /// The entry point and grid of a product on wide or big tiles (both read f32 matrices by columns too).
 fn tiles_for(rows: u32, tokens: u32, batch: u32) -> (&'static str, (u32, u32, u32)) {
     if tokens > MANY_TOKENS && BIG_TILES.load(std::sync::atomic::Ordering::Relaxed) {
@@ -38,8 +50,19 @@ fn tiles_for(rows: u32, tokens: u32, batch: u32) -> (&'static str, (u32, u32, u3
 
 /// Token counts up to this use row tiles.
 pub const FEW_TOKENS: u32 = 16;
-/// Pairs per entry of the expert tile list (a wide tile's tokens).
-pub const EXPERT_TILE_TOKENS: u32 = TILE_TOKENS;
+/// On (`lingtab bench --expert-row-tiles`): the experts' pairs of a chunk of any size go in row tiles of up to
+/// [`ROW_TOKENS`] (each invocation a row, its weights decoded into registers), not wide tiles of up to 64.
+static EXPERT_ROW_TILES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_expert_row_tiles(on: bool) {
+    EXPERT_ROW_TILES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Pairs per entry of the expert tile list for a chunk of `tokens` tokens: a row tile's for a few tokens (no
+/// expert has more pairs than that), else a wide tile's. [`super::moe::group`] and [`experts`] take the same.
+pub fn expert_tile_pairs(tokens: u32) -> u32 {
+    if tokens <= FEW_TOKENS || EXPERT_ROW_TILES.load(std::sync::atomic::Ordering::Relaxed) { ROW_TOKENS } else { TILE_TOKENS }
+}
 
 fn source() -> &'static str {
     static S: OnceLock<String> = OnceLock::new();
@@ -65,6 +88,59 @@ pub fn matmul(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, tokens: u
     batched(gpu, pass, w, m, 0, 1, tokens, x, x_at, 0, y, y_at, 0);
 }
 
+/// [`matmul`] with the columns split into slices when its tiles are too few to fill the GPU: each slice's
+/// product goes to `partials` (slice-major, then token, then row), and a second dispatch adds the slices into
+/// y. Slices are whole [`SPLIT_UNIT`]s, as many as bring the workgroups to the split target and `partials` holds.
+/// The sums' order differs from one pass over the columns only in f32 rounding.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_split(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, tokens: u32, x: &wgpu::Buffer, x_at: Rows, y: &wgpu::Buffer, y_at: Rows, partials: &wgpu::Buffer) {
+    let slices = split_slices(m, tokens, partials.size() / 4);
+    if slices < 2 {
+        return matmul(gpu, pass, w, m, tokens, x, x_at, y, y_at);
+    }
+    let cols = m.cols / slices;
+    let slice_bytes = m.ty.bytes_for(cols as u64).expect("slices are whole blocks");
+    let rows_of_slice = Matrix { cols, ..m };
+    let mut params = params(rows_of_slice, m.byte_offset, slice_bytes, x_at, cols, Rows::new(0, m.rows), tokens * m.rows, tokens, [0; 5], 0);
+    params[2] = P::U(m.row_bytes()); // each slice's rows are the whole rows' parts
+    let (entry, grid) = grid(m.rows, tokens, slices);
+    pass.dispatch_3d(gpu, &gpu.kernel(LABEL, source(), entry), &[w, x, partials], &params, grid);
+    let sum = gpu.kernel(LABEL, source(), "matmul_sum_slices");
+    pass.dispatch(gpu, &sum, &[partials, y], &[P::U(m.rows), P::U(tokens), P::U(slices), P::U(y_at.offset), P::U(y_at.stride)], (m.rows * tokens).div_ceil(256));
+}
+
+/// Slices for [`matmul_split`]: the fewest that bring the workgroups to the split target, else the most that
+/// `capacity` floats of partial sums hold; 1 when the product fills the GPU as it is.
+pub fn split_slices(m: Matrix, tokens: u32, capacity: u64) -> u32 {
+    let target = SPLIT_TARGET.load(std::sync::atomic::Ordering::Relaxed);
+    let (_, (gx, gy, _)) = grid(m.rows, tokens, 1);
+    let workgroups = gx * gy;
+    if target == 0 || workgroups >= target || m.cols % SPLIT_UNIT != 0 {
+        return 1;
+    }
+    let units = m.cols / SPLIT_UNIT;
+    let mut best = 1;
+    for s in (2..=units).filter(|s| units % s == 0) {
+        if s as u64 * m.rows as u64 * tokens as u64 > capacity {
+            break;
+        }
+        best = s;
+        if workgroups * s >= target {
+            break;
+        }
+    }
+    best
+}
+
+/// The entry point and grid of a dense product: row tiles for a few tokens, else wide or big tiles.
+fn grid(rows: u32, tokens: u32, batch: u32) -> (&'static str, (u32, u32, u32)) {
+    if tokens <= FEW_TOKENS {
+        ("matmul_rows", (rows.div_ceil(ROW_TILE), tokens.div_ceil(ROW_TOKENS), batch))
+    } else {
+        tiles_for(rows, tokens, batch)
+    }
+}
+
 /// `batch` products over `tokens` tokens: matrix b at `m.byte_offset + b·w_stride` bytes; token t of batch b reads
 /// `x[x.offset + b·x_batch + t·x.stride ..]` and writes `y[y.offset + b·y_batch + t·y.stride + r]`.
 #[allow(clippy::too_many_arguments)]
@@ -74,34 +150,32 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
         return;
     }
     let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5], 0);
-    let grid = if tokens <= FEW_TOKENS {
-        ("matmul_rows", (m.rows.div_ceil(ROW_TILE), tokens.div_ceil(ROW_TOKENS), batch))
-    } else {
-        tiles_for(m.rows, tokens, batch)
-    };
+    let grid = grid(m.rows, tokens, batch);
     let kernel = gpu.kernel(LABEL, source(), grid.0);
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, grid.1);
 }
 
 /// Entries the expert tile list may need for `pairs` (token, expert) pairs over `n_expert` experts: every
-/// expert used gets ⌈its pairs / [`EXPERT_TILE_TOKENS`]⌉ tiles.
-pub fn max_tiles(pairs: u32, n_expert: u32) -> u32 {
-    pairs.div_ceil(EXPERT_TILE_TOKENS) + pairs.min(n_expert)
+/// expert used gets ⌈its pairs / `tile_pairs`⌉ tiles.
+pub fn max_tiles(pairs: u32, n_expert: u32, tile_pairs: u32) -> u32 {
+    pairs.div_ceil(tile_pairs) + pairs.min(n_expert)
 }
 
 /// For every entry of the tile list in `groups` (written by [`super::moe::group`], `list_at` its list's word
 /// offset, at most `max_tiles` entries): the product of matrix `m` (found `m.byte_offset` bytes into the entry's
 /// pool slot) with the entry's pairs p, reading `x[x.offset + (p / x_div)·x.stride ..]` and writing
 /// `y[y.offset + p·y.stride + r]`. Only entries whose slot lies in `chunk` run; call once per pool buffer.
-/// `tokens`, the chunk's, picks the tiles: up to [`FEW_TOKENS`] no expert has more pairs than a row tile holds.
+/// `tile_pairs`, the list's pairs per entry ([`expert_tile_pairs`]), picks the tiles: row tiles for up to
+/// [`ROW_TOKENS`], else wide ones.
 #[allow(clippy::too_many_arguments)]
-pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, tokens: u32, groups: &wgpu::Buffer, list_at: u32, max_tiles: u32, x: &wgpu::Buffer, x_at: Rows, x_div: u32, y: &wgpu::Buffer, y_at: Rows) {
+pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, tile_pairs: u32, groups: &wgpu::Buffer, list_at: u32, max_tiles: u32, x: &wgpu::Buffer, x_at: Rows, x_div: u32, y: &wgpu::Buffer, y_at: Rows) {
     assert!(m.cols % 32 == 0, "matmul rows must be whole 32-value sub-blocks");
     assert!(x_div >= 1);
     if max_tiles == 0 {
         return;
     }
-    let (entry, rows_per_tile) = if tokens <= FEW_TOKENS { ("matmul_experts_rows", ROW_TILE) } else { ("matmul_experts", TILE_ROWS) };
+    assert!(tile_pairs == ROW_TOKENS || tile_pairs == TILE_TOKENS, "expert tiles hold {ROW_TOKENS} or {TILE_TOKENS} pairs");
+    let (entry, rows_per_tile) = if tile_pairs == ROW_TOKENS { ("matmul_experts_rows", ROW_TILE) } else { ("matmul_experts", TILE_ROWS) };
     let kernel = gpu.kernel(LABEL, source(), entry);
     let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
     let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts, 0);

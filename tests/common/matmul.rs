@@ -63,6 +63,41 @@ pub async fn matmul_every_type_matches_reference(gpu: &Gpu) {
     }
 }
 
+/// Dense products of few rows, whose columns [`matmul::matmul_split`] splits into slices (as many as the partial
+/// sums' scratch holds) and adds back: the result equals W·x for each token, nothing written outside its rows;
+/// over row, wide and big tiles, a quantised and an f32 matrix, and a scratch that holds fewer slices.
+pub async fn split_matmul_matches_reference(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    let cases = [(GgmlType::Q4_K, 40, 1024, 70, 1 << 20), (GgmlType::Q6_K, 130, 768, 5, 1 << 20), (GgmlType::F32, 24, 1280, 200, 1 << 20), (GgmlType::Q4_K, 40, 2048, 33, 2 * 40 * 33)];
+    for (ty, rows, cols, tokens, capacity) in cases {
+        let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+        let w_buf = gpu.upload("w", &bytes);
+        let (x_at, y_at) = (Rows::new(3, cols as u32 + 5), Rows::new(1, rows as u32 + 4));
+        let x = rng.normals(3 + tokens * x_at.stride as usize, 1.0);
+        let x_buf = gpu.upload("x", &f32_bytes(&x));
+        let y_len = 1 + tokens * y_at.stride as usize;
+        let y_buf = poisoned(gpu, "y", y_len);
+        let partials = gpu.storage_buffer("partials", 4 * capacity as u64);
+        let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
+        let slices = matmul::split_slices(m, tokens as u32, capacity as u64);
+        let what = format!("{ty} {rows}×{cols} × {tokens} tokens in {slices} slices (seed {seed})");
+        let want_slices = if capacity < 1 << 20 { 2 } else { cols / 256 };
+        assert_eq!(slices as usize, want_slices, "{what}: a product of a few tiles takes every slice the scratch holds");
+        let mut pass = Pass::new();
+        matmul::matmul_split(gpu, &mut pass, &w_buf, m, tokens as u32, &x_buf, x_at, &y_buf, y_at, &partials);
+        pass.submit(gpu);
+        let y = read_f32(gpu, &y_buf, y_len).await;
+        assert!(y[0].is_nan(), "{what}: wrote before y's offset");
+        for t in 0..tokens {
+            let row = &y[1 + t * y_at.stride as usize..][..y_at.stride as usize];
+            let xt = &x[3 + t * x_at.stride as usize..][..cols];
+            check_row(&format!("{what}, token {t}"), row, &w, xt, rows, cols);
+            assert!(row[rows..].iter().all(|v| v.is_nan()), "{what}, token {t}: wrote past its rows");
+        }
+    }
+}
+
 /// Per-head products over several tokens (MLA's absorbed k_b): matrix b at a byte stride, batch and token strides.
 pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
     let seed = Rand::test_seed();
@@ -97,18 +132,20 @@ pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
 /// The experts of a chunk grouped on the GPU (`moe_group`) and applied from pool slots spread over two pool
 /// buffers: every pair whose expert the table maps gets its expert's product, pairs of unmapped experts are left
 /// alone. Over 70 tokens (wide tiles) the experts' pair counts (70: more than a tile, 1, 6, 12, 30, 18) give
-/// every column split of a tile; over 16 (row tiles) they are 16, 1, 6 and 6, with one expert not in the pool.
+/// every column split of a tile, and on row tiles (16 pairs an entry) an expert of 70 pairs takes 5 entries; over 16
+/// (row tiles) they are 16, 1, 6 and 6, with one expert not in the pool.
 pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
-    for tokens in [70, matmul::FEW_TOKENS as usize] {
+    for (tokens, tile_pairs) in [(70, matmul::TILE_TOKENS), (70, matmul::ROW_TOKENS), (matmul::FEW_TOKENS as usize, matmul::ROW_TOKENS)] {
         for (ty, rows, cols) in [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512)] {
-            grouped_case(gpu, &mut rng, seed, ty, rows, cols, tokens).await;
+            grouped_case(gpu, &mut rng, seed, ty, rows, cols, tokens, tile_pairs).await;
         }
     }
 }
 
-async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: usize, cols: usize, tokens: usize) {
+#[allow(clippy::too_many_arguments)]
+async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: usize, cols: usize, tokens: usize, tile_pairs: u32) {
     let (slots_per_chunk, n_chunks, n_expert, k) = (3u32, 2u32, 8u32, 2usize);
     let part_offset = 210u64 * 4; // the matrix starts inside the record, after other rows
     let matrix_bytes = (rows * cols / 256 * ty.block_bytes()) as u64;
@@ -147,7 +184,7 @@ async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: 
         sel[1 + t * words + 1] = second(t);
     }
     let sel_buf = gpu.upload("selections", bytemuck::cast_slice(&sel));
-    let max_tiles = matmul::max_tiles((tokens * k) as u32, n_expert);
+    let max_tiles = matmul::max_tiles((tokens * k) as u32, n_expert, tile_pairs);
     let list_at = moe::group_list_at(max_tiles);
     let groups = gpu.storage_buffer("groups", (list_at as u64 + (tokens * k) as u64) * 4);
     let x = rng.normals(3 + tokens * cols, 1.0);
@@ -156,10 +193,10 @@ async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: 
     let y_buf = poisoned(gpu, "y", tokens * k * y_stride);
     let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: part_offset };
     let mut pass = Pass::new();
-    moe::group(gpu, &mut pass, &sel_buf, 1, tokens as u32, k as u32, n_expert, &table_buf, n_expert, matmul::EXPERT_TILE_TOKENS, max_tiles, &groups);
+    moe::group(gpu, &mut pass, &sel_buf, 1, tokens as u32, k as u32, n_expert, &table_buf, n_expert, tile_pairs, max_tiles, &groups);
     for (index, buffer) in chunks.iter().enumerate() {
         let chunk = PoolChunk { buffer, index: index as u32, slots_per_chunk, slot_bytes };
-        matmul::experts(gpu, &mut pass, chunk, m, tokens as u32, &groups, list_at, max_tiles, &x_buf, Rows::new(3, cols as u32), k as u32, &y_buf, Rows::new(0, y_stride as u32));
+        matmul::experts(gpu, &mut pass, chunk, m, tile_pairs, &groups, list_at, max_tiles, &x_buf, Rows::new(3, cols as u32), k as u32, &y_buf, Rows::new(0, y_stride as u32));
     }
     pass.submit(gpu);
     let y = read_f32(gpu, &y_buf, tokens * k * y_stride).await;
@@ -167,7 +204,7 @@ async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: 
         for j in 0..k {
             let e = sel[1 + t * words + j] as usize;
             let row = &y[(t * k + j) * y_stride..][..y_stride];
-            let what = format!("{ty}, {tokens} tokens: token {t} pick {j}: expert {e} (seed {seed})");
+            let what = format!("{ty}, {tokens} tokens in tiles of {tile_pairs} pairs: token {t} pick {j}: expert {e} (seed {seed})");
             match table[n_expert as usize + e] {
                 u32::MAX => assert!(row.iter().all(|v| v.is_nan()), "{what}: not in the pool, yet written"),
                 slot => {
