@@ -389,29 +389,3 @@ fn mla_head_gate(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         gate_o[i] *= 1.0 / (1.0 + exp(-gate_logits[gate_params.gate_offset + i / gate_params.d_v]));
     }
 }
-
-// ── mla_sum_slices: out[out_offset + i] = Σ_s slices[s·n + i] for i < n (the value product's column slices) ──
-
-struct SumParams {
-    n: u32,
-    slices: u32,
-    out_offset: u32,
-}
-
-@group(0) @binding(0) var<storage, read> sum_in: array<f32>;
-@group(0) @binding(1) var<storage, read_write> sum_out: array<f32>;
-@group(0) @binding(2) var<uniform> sum_params: SumParams;
-
-@compute @workgroup_size(256)
-fn mla_sum_slices(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
-    let p = sum_params;
-    let i = (wg.x + wg.y * n_wg.x) * 256u + lid;
-    if (i >= p.n) { return; }
-    var total = 0.0;
-    for (var s = 0u; s < p.slices; s++) {
-        total += sum_in[s * p.n + i];
-    }
-    let at = p.out_offset + i;
-    if (at < arrayLength(&sum_out)) { sum_out[at] = total; }
-}

@@ -105,8 +105,15 @@ pub fn matmul_split(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, tok
     params[2] = P::U(m.row_bytes()); // each slice's rows are the whole rows' parts
     let (entry, grid) = grid(m.rows, tokens, slices);
     pass.dispatch_3d(gpu, &gpu.kernel(LABEL, source(), entry), &[w, x, partials], &params, grid);
+    sum_slices(gpu, pass, partials, m.rows, tokens, slices, y, y_at);
+}
+
+/// `y[y.offset + t·y.stride + r] = Σ_s partials[(s·tokens + t)·rows + r]` for r < `rows`, t < `tokens`: the
+/// partial sums of a product's column slices, added in slice order.
+#[allow(clippy::too_many_arguments)]
+pub fn sum_slices(gpu: &Gpu, pass: &mut Pass, partials: &wgpu::Buffer, rows: u32, tokens: u32, slices: u32, y: &wgpu::Buffer, y_at: Rows) {
     let sum = gpu.kernel(LABEL, source(), "matmul_sum_slices");
-    pass.dispatch(gpu, &sum, &[partials, y], &[P::U(m.rows), P::U(tokens), P::U(slices), P::U(y_at.offset), P::U(y_at.stride)], (m.rows * tokens).div_ceil(256));
+    pass.dispatch(gpu, &sum, &[partials, y], &[P::U(rows), P::U(tokens), P::U(slices), P::U(y_at.offset), P::U(y_at.stride)], (rows * tokens).div_ceil(256));
 }
 
 /// Slices for [`matmul_split`]: the fewest that bring the workgroups to the split target, else the most that
@@ -115,12 +122,12 @@ pub fn split_slices(m: Matrix, tokens: u32, capacity: u64) -> u32 {
     let target = SPLIT_TARGET.load(std::sync::atomic::Ordering::Relaxed);
     let (_, (gx, gy, _)) = grid(m.rows, tokens, 1);
     let workgroups = gx * gy;
-    if target == 0 || workgroups >= target || m.cols % SPLIT_UNIT != 0 {
+    if target == 0 || workgroups >= target || !m.cols.is_multiple_of(SPLIT_UNIT) {
         return 1;
     }
     let units = m.cols / SPLIT_UNIT;
     let mut best = 1;
-    for s in (2..=units).filter(|s| units % s == 0) {
+    for s in (2..=units).filter(|s| units.is_multiple_of(*s)) {
         if s as u64 * m.rows as u64 * tokens as u64 > capacity {
             break;
         }

@@ -263,8 +263,7 @@ pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, c
             Some(parts) => {
                 let n = queries * rank;
                 matmul::matmul_by_column_slices(gpu, pass, cache, 0, rank, slice_cols, width, slices, queries, scores, Rows::new(0, cols), parts, Rows::new(0, rank), n);
-                let sum = gpu.kernel(LABEL, SHADER, "mla_sum_slices");
-                pass.dispatch(gpu, &sum, &[parts, out], &[P::U(n), P::U(slices), P::U(out_at)], n.div_ceil(256));
+                matmul::sum_slices(gpu, pass, parts, rank, queries, slices, out, Rows::new(out_at, rank));
             }
         }
     }
