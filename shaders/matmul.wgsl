@@ -148,14 +148,9 @@ fn q4_k_fetched_scale_min(head: vec4<u32>, s: u32) -> vec2<f32> {
 fn decode_fetched(prm: Params, f: Fetched, row_ok: bool, row: u32, col: u32) -> array<f32, 8> {
     var out: array<f32, 8>;
     if (!row_ok) { return out; }
-    if (prm.col_stride != 0u) {
-        for (var n = 0u; n < 4u; n++) {
-            out[n] = bitcast<f32>(f.w0[n]);
-            out[n + 4u] = bitcast<f32>(f.w1[n]);
-        }
-        return out;
-    }
-    switch prm.ty {
+    // f32 by columns or by rows: the fetch holds the values
+    let ty = select(prm.ty, TYPE_F32, prm.col_stride != 0u);
+    switch ty {
         case 12u: { // Q4_K: 8 nibbles of one sub-block, one scale and min
             let s = (col % 256u) / 32u;
             let dm = q4_k_fetched_scale_min(f.w0, s);
@@ -186,7 +181,7 @@ fn decode_fetched(prm: Params, f: Fetched, row_ok: bool, row: u32, col: u32) -> 
         }
         default: {
             for (var n = 0u; n < 8u; n++) {
-                out[n] = row_value(prm.ty, row, col + n);
+                out[n] = row_value(ty, row, col + n);
             }
         }
     }

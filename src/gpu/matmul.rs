@@ -100,11 +100,9 @@ pub fn matmul_split(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, tok
     }
     let cols = m.cols / slices;
     let slice_bytes = m.ty.bytes_for(cols as u64).expect("slices are whole blocks");
+    // slice b: the columns b·cols .. of every row (rows still the whole rows' bytes apart) and of every input
     let rows_of_slice = Matrix { cols, ..m };
-    let mut params = params(rows_of_slice, m.byte_offset, slice_bytes, x_at, cols, Rows::new(0, m.rows), tokens * m.rows, tokens, [0; 5], 0);
-    params[2] = P::U(m.row_bytes()); // each slice's rows are the whole rows' parts
-    let (entry, grid) = grid(m.rows, tokens, slices);
-    pass.dispatch_3d(gpu, &gpu.kernel(LABEL, source(), entry), &[w, x, partials], &params, grid);
+    batched_rows(gpu, pass, w, rows_of_slice, m.row_bytes(), slice_bytes, slices, tokens, x, x_at, cols, partials, Rows::new(0, m.rows), tokens * m.rows);
     sum_slices(gpu, pass, partials, m.rows, tokens, slices, y, y_at);
 }
 
@@ -152,11 +150,17 @@ fn grid(rows: u32, tokens: u32, batch: u32) -> (&'static str, (u32, u32, u32)) {
 /// `x[x.offset + b·x_batch + t·x.stride ..]` and writes `y[y.offset + b·y_batch + t·y.stride + r]`.
 #[allow(clippy::too_many_arguments)]
 pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, batch: u32, tokens: u32, x: &wgpu::Buffer, x_at: Rows, x_batch: u32, y: &wgpu::Buffer, y_at: Rows, y_batch: u32) {
+    batched_rows(gpu, pass, w, m, m.row_bytes(), w_stride, batch, tokens, x, x_at, x_batch, y, y_at, y_batch);
+}
+
+/// [`batched`] over `m.cols` columns of rows `row_bytes` apart (a column slice of wider rows).
+#[allow(clippy::too_many_arguments)]
+fn batched_rows(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, row_bytes: u32, w_stride: u64, batch: u32, tokens: u32, x: &wgpu::Buffer, x_at: Rows, x_batch: u32, y: &wgpu::Buffer, y_at: Rows, y_batch: u32) {
     assert!(m.cols % 32 == 0, "matmul rows must be whole 32-value sub-blocks");
     if tokens == 0 || batch == 0 || m.rows == 0 {
         return;
     }
-    let params = params(m, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5], 0);
+    let params = params(m, row_bytes, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5], 0);
     let grid = grid(m.rows, tokens, batch);
     let kernel = gpu.kernel(LABEL, source(), grid.0);
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, grid.1);
@@ -185,17 +189,17 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, tile_pai
     let (entry, rows_per_tile) = if tile_pairs == ROW_TOKENS { ("matmul_experts_rows", ROW_TILE) } else { ("matmul_experts", TILE_ROWS) };
     let kernel = gpu.kernel(LABEL, source(), entry);
     let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
-    let params = params(m, m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts, 0);
+    let params = params(m, m.row_bytes(), m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts, 0);
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(rows_per_tile), max_tiles, 1));
 }
 
 #[allow(clippy::too_many_arguments)]
-fn params(m: Matrix, w_offset: u64, w_stride: u64, x_at: Rows, x_batch: u32, y_at: Rows, y_batch: u32, tokens: u32, experts: [u32; 5], col_stride: u32) -> Vec<P> {
+fn params(m: Matrix, row_bytes: u32, w_offset: u64, w_stride: u64, x_at: Rows, x_batch: u32, y_at: Rows, y_batch: u32, tokens: u32, experts: [u32; 5], col_stride: u32) -> Vec<P> {
     assert!(w_offset < u32::MAX as u64 && w_stride < u32::MAX as u64, "one binding is at most 4 GiB");
     let mut p = vec![
         P::U(m.rows),
         P::U(m.cols),
-        P::U(if col_stride == 0 { m.row_bytes() } else { 4 }),
+        P::U(row_bytes),
         P::U(m.ty.id()),
         P::U(w_offset as u32),
         P::U(w_stride as u32),
@@ -231,7 +235,7 @@ pub fn matmul_by_column_slices(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, w_o
     }
     let m = Matrix { ty: crate::quant::GgmlType::F32, rows, cols, byte_offset: 4 * w_offset as u64 };
     let w_slice = 4 * cols as u64 * col_stride as u64;
-    let params = params(m, m.byte_offset, w_slice, x_at, cols, y_at, y_slice, tokens, [0; 5], col_stride);
+    let params = params(m, 4, m.byte_offset, w_slice, x_at, cols, y_at, y_slice, tokens, [0; 5], col_stride);
     let (entry, grid) = tiles_for(rows, tokens, slices);
     pass.dispatch_3d(gpu, &gpu.kernel(LABEL, source(), entry), &[w, x, y], &params, grid);
 }
