@@ -17,6 +17,9 @@
 //                   tokens are pairs p = token·k + j from the list, reading x row p / x_div (at x_offset +
 //                   row·x_stride) and writing y row p (at y_offset + p·y_stride).
 //   matmul_experts_rows  the same with row tiles, for chunks of at most 16 tokens.
+//   matmul_experts_blocks  the same with block tiles (64 rows × 16 pairs, weights decoded into registers), for
+//                   chunks whose experts average at most 16 pairs; matmul_experts_blocks_near with a row's 4
+//                   invocations side by side.
 //   matmul_sum_slices  y[y_offset + t·y_stride + r] = Σ_s partials[(s·tokens + t)·rows + r]: the column slices of
 //                   a product split to fill the GPU (the slices are batches of the entries above).
 // Prepended with quant.wgsl. Every write is bounds-checked.
@@ -639,6 +642,201 @@ fn matmul_experts_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
             if (n < count) { store(prm.y_offset + groups[prm.list_at + start + n] * prm.y_stride + row, acc[n]); }
         }
     }
+}
+
+// ---- experts on block tiles ----
+// 64 rows × up to 16 of the expert's pairs per workgroup, 128 columns (half a K-quant block) per step, the
+// weights decoded into registers instead of workgroup memory. With a few pairs per expert, a wide tile spends its
+// time decoding weights into workgroup memory for a handful of products each; here each invocation decodes 32
+// weights a step, their scales once, and applies them to every pair straight from registers. Each of a row's 4
+// invocations (j = 0..3) holds, within each 32-column sub-block of the step, columns 4j .. 4j+3 and 16+4j ..
+// 16+4j+3; it reads its row's words itself, a step early. The 4 add their sums at the end. The pairs' inputs are
+// staged in workgroup memory, 8 columns per invocation.
+
+const BLOCK_ROWS: u32 = 64u;
+const BLOCK_PAIRS: u32 = 16u;
+const BLOCK_STEP: u32 = 128u;
+
+// One step's raw words of an invocation's 32 weights. Q4_K: q = the 4 words of nibbles (bytes 16i + 4j of the
+// half block's 64), a = d|dmin and the 12 scale bytes. Q6_K: q = the low-nibble words (quarter parity p,
+// column half i at q[2p + i]), a = the 2 high-pair words and the half block's 8 int8 scales, b = d's word.
+// Other types are decoded from the weights.
+struct FetchedBlock {
+    q: vec4<u32>,
+    a: vec4<u32>,
+    b: u32,
+}
+
+fn fetch_block(ty: u32, row: u32, j: u32, col: u32) -> FetchedBlock {
+    var f: FetchedBlock;
+    let half = (col % 256u) / 128u;
+    switch ty {
+        case 12u: {
+            let block = row + (col / 256u) * 144u;
+            let qs = block + 16u + half * 64u + 4u * j;
+            f.q = vec4<u32>(w_word(qs), w_word(qs + 16u), w_word(qs + 32u), w_word(qs + 48u));
+            f.a = vec4<u32>(w_word(block), w_word(block + 4u), w_word(block + 8u), w_word(block + 12u));
+        }
+        case 14u: {
+            let block = row + (col / 256u) * 210u;
+            let ql = block + half * 64u + 4u * j;
+            let qh = block + 128u + half * 32u + 4u * j;
+            let sc = block + 192u + half * 8u;
+            f.q = vec4<u32>(w_word(ql), w_word(ql + 16u), w_word(ql + 32u), w_word(ql + 48u));
+            f.a = vec4<u32>(w_word(qh), w_word(qh + 16u), w_word(sc), w_word(sc + 4u));
+            f.b = w_word(block + 208u);
+        }
+        default: {}
+    }
+    return f;
+}
+
+// The invocation's 8 weights of sub-block s (0..3) of the step at `col`: columns 4j .. +3 in [0], 16+4j .. +3
+// in [1] (zeros past the row's end), in ggml's arithmetic.
+fn decode_block(prm: Params, f: FetchedBlock, row: u32, j: u32, col: u32, s: u32) -> array<vec4<f32>, 2> {
+    var w: array<vec4<f32>, 2>;
+    switch prm.ty {
+        case 12u: { // Q4_K: sub-block 4·half + s; its low or high nibbles of 32-byte group s / 2
+            let dm = q4_k_fetched_scale_min(f.a, ((col % 256u) / 128u) * 4u + s);
+            let shift = (s % 2u) * 4u;
+            let g = (s / 2u) * 2u;
+            w[0] = dm.x * vec4<f32>(unpack4xU8((f.q[g] >> shift) & 0x0f0f0f0fu)) - dm.y;
+            w[1] = dm.x * vec4<f32>(unpack4xU8((f.q[g + 1u] >> shift) & 0x0f0f0f0fu)) - dm.y;
+        }
+        case 14u: { // Q6_K: quarter s of the half block, an int8 scale per 16 columns
+            let d = unpack2x16float(f.b).x;
+            let shift = select(0u, 4u, s >= 2u);
+            let p = (s % 2u) * 2u;
+            let scales = select(f.a.z, f.a.w, s >= 2u);
+            let ds0 = d * f32(sign_extend8((scales >> ((s % 2u) * 16u)) & 0xffu));
+            let ds1 = d * f32(sign_extend8((scales >> ((s % 2u) * 16u + 8u)) & 0xffu));
+            let q0 = ((f.q[p] >> shift) & 0x0f0f0f0fu) | (((f.a.x >> (2u * s)) & 0x03030303u) << 4u);
+            let q1 = ((f.q[p + 1u] >> shift) & 0x0f0f0f0fu) | (((f.a.y >> (2u * s)) & 0x03030303u) << 4u);
+            w[0] = ds0 * (vec4<f32>(unpack4xU8(q0)) - 32.0);
+            w[1] = ds1 * (vec4<f32>(unpack4xU8(q1)) - 32.0);
+        }
+        default: {
+            let c0 = col + 32u * s + 4u * j;
+            for (var n = 0u; n < 4u; n++) {
+                if (c0 + n < prm.cols) { w[0][n] = row_value(prm.ty, row, c0 + n); }
+                if (c0 + 16u + n < prm.cols) { w[1][n] = row_value(prm.ty, row, c0 + 16u + n); }
+            }
+        }
+    }
+    return w;
+}
+
+// The 8 weights of sub-block s times pair `pair`'s inputs in x_tile ([pair][column of the step / 4]).
+fn block_dot(w: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32) -> f32 {
+    let at = pair * 32u + 8u * s + j;
+    return dot(w[0], x_tile[at]) + dot(w[1], x_tile[at + 4u]);
+}
+
+fn block_quad(w: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32) -> vec4<f32> {
+    return vec4<f32>(block_dot(w, pair, s, j), block_dot(w, pair + 1u, s, j), block_dot(w, pair + 2u, s, j), block_dot(w, pair + 3u, s, j));
+}
+
+// Pairs 4q .. 4q+3 of row r summed over the row's 4 invocations (x_tile holding two of each one's groups of 4:
+// the group q of invocation (r, j) at 2·(64j + r) + q % 2).
+fn row_total(r: u32, q: u32) -> vec4<f32> {
+    var total = x_tile[2u * r + q % 2u];
+    for (var jj = 1u; jj < 4u; jj++) {
+        total += x_tile[2u * (jj * BLOCK_ROWS + r) + q % 2u];
+    }
+    return total;
+}
+
+// near: a row's 4 invocations are neighbours (a subgroup reads 8 rows, 16 neighbouring bytes of each); else
+// j = lid / 64 (a subgroup reads the same columns of 32 rows, and its input reads are broadcasts).
+fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
+    let prm = pe;
+    let info = tile_entry(wg.y, lid);
+    let slot = info.x;
+    let row0 = wg.x * BLOCK_ROWS;
+    if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows || info.z == 0u) { return; }
+    let start = info.y;
+    let count = min(info.z, BLOCK_PAIRS);
+    // computing: row r of the tile, column quarter j of each sub-block
+    let j = select(lid / BLOCK_ROWS, lid % 4u, near);
+    let r = select(lid % BLOCK_ROWS, lid / 4u, near);
+    let row = row0 + r;
+    let row_ok = row < prm.rows;
+    let row_at = (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset + row * prm.row_bytes;
+    // loading inputs: 8 columns of the step, from `part`, of pair lid / 16
+    let load_pair = lid / 16u;
+    let part = (lid % 16u) * 8u;
+    let loads = load_pair < count;
+    var x_base = 0u;
+    if (loads) {
+        x_base = prm.x_offset + (groups[prm.list_at + start + load_pair] / prm.x_div) * prm.x_stride;
+    }
+    var acc: array<vec4<f32>, 4>;
+    var next_w: FetchedBlock;
+    var next_x0 = vec4<f32>(0.0);
+    var next_x1 = vec4<f32>(0.0);
+    if (row_ok) { next_w = fetch_block(prm.ty, row_at, j, 0u); }
+    if (loads && part < prm.cols) {
+        next_x0 = vec4<f32>(x[x_base + part], x[x_base + part + 1u], x[x_base + part + 2u], x[x_base + part + 3u]);
+        next_x1 = vec4<f32>(x[x_base + part + 4u], x[x_base + part + 5u], x[x_base + part + 6u], x[x_base + part + 7u]);
+    }
+    for (var k0 = 0u; k0 < prm.cols; k0 += BLOCK_STEP) {
+        x_tile[load_pair * 32u + part / 4u] = next_x0;
+        x_tile[load_pair * 32u + part / 4u + 1u] = next_x1;
+        let fetched = next_w;
+        workgroupBarrier();
+        let k1 = k0 + BLOCK_STEP;
+        if (k1 < prm.cols) {
+            if (row_ok) { next_w = fetch_block(prm.ty, row_at, j, k1); }
+            next_x0 = vec4<f32>(0.0);
+            next_x1 = vec4<f32>(0.0);
+            if (loads && k1 + part < prm.cols) {
+                let at = x_base + k1 + part;
+                next_x0 = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
+                next_x1 = vec4<f32>(x[at + 4u], x[at + 5u], x[at + 6u], x[at + 7u]);
+            }
+        }
+        if (row_ok) {
+            for (var s = 0u; s < 4u; s++) {
+                let w = decode_block(prm, fetched, row_at, j, k0, s);
+                // constant indices into acc only (a runtime index would put it in memory instead of registers)
+                acc[0] += block_quad(w, 0u, s, j);
+                if (count > 4u) { acc[1] += block_quad(w, 4u, s, j); }
+                if (count > 8u) { acc[2] += block_quad(w, 8u, s, j); }
+                if (count > 12u) { acc[3] += block_quad(w, 12u, s, j); }
+            }
+        }
+        workgroupBarrier();
+    }
+    // the 4 invocations of a row add their sums through x_tile, two groups of 4 pairs at a time: invocation j of
+    // the row finishes pairs 4j .. 4j+3
+    let mine = 2u * (j * BLOCK_ROWS + r);
+    x_tile[mine] = acc[0];
+    x_tile[mine + 1u] = acc[1];
+    workgroupBarrier();
+    var total = vec4<f32>(0.0);
+    if (j < 2u) { total = row_total(r, j); }
+    workgroupBarrier();
+    x_tile[mine] = acc[2];
+    x_tile[mine + 1u] = acc[3];
+    workgroupBarrier();
+    if (j >= 2u) { total = row_total(r, j); }
+    if (!row_ok) { return; }
+    for (var e = 0u; e < 4u; e++) {
+        let n = 4u * j + e;
+        if (n < count) {
+            store(prm.y_offset + groups[prm.list_at + start + n] * prm.y_stride + row, total[e]);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn matmul_experts_blocks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    experts_blocks(wg, lid, false);
+}
+
+@compute @workgroup_size(256)
+fn matmul_experts_blocks_near(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    experts_blocks(wg, lid, true);
 }
 
 // ---- the slices of a product split by columns, added ----

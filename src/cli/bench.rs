@@ -50,9 +50,12 @@ pub struct BenchArgs {
     /// Split a chunk's dense product by columns when its tiles are fewer workgroups than this (0: never)
     #[arg(long, default_value_t = 256)]
     pub split_target: u32,
-    /// Experts' pairs of chunks of any size in row tiles of up to 16 (each invocation a row) instead of wide tiles
+    /// Tiles of the experts' products of every chunk over 16 tokens, instead of blocks or wide by the experts'
+    /// average pairs: blocks (64 rows × 16 pairs, weights decoded into registers), blocks-near (the same, a row's
+    /// 4 invocations side by side), wide (64 rows × 64 pairs, weights decoded into workgroup memory) or rows (128
+    /// rows × 16 pairs, an invocation a row)
     #[arg(long)]
-    pub expert_row_tiles: bool,
+    pub expert_tiles: Option<String>,
     /// A new bind group for every dispatch instead of the ones kept from the last submission
     #[arg(long)]
     pub no_bind_cache: bool,
@@ -77,7 +80,7 @@ pub struct BenchArgs {
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
     crate::gpu::matmul::set_big_tiles(!args.no_big_tiles);
     crate::gpu::matmul::set_split_target(args.split_target);
-    crate::gpu::matmul::set_expert_row_tiles(args.expert_row_tiles);
+    crate::gpu::matmul::set_expert_tiles(args.expert_tiles.as_deref().map(crate::gpu::matmul::ExpertTiles::parse).transpose()?);
     crate::gpu::kernel::set_bind_cache(!args.no_bind_cache);
     crate::engine::set_layers_per_submit(args.layers_per_submit);
     let prompts: Vec<usize> = list("--prompts", &args.prompts)?;

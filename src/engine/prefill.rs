@@ -217,15 +217,20 @@ impl Prefill {
     }
 }
 
-/// Tile entries of one chunk's expert groups.
-fn chunk_tiles(c: &Config, tokens: usize) -> u32 {
-    matmul::max_tiles((tokens * c.n_expert_used) as u32, c.n_expert as u32, matmul::expert_tile_pairs(tokens as u32))
+/// The tiles of one chunk's expert products.
+fn chunk_expert_tiles(c: &Config, tokens: usize) -> matmul::ExpertTiles {
+    matmul::expert_tiles(tokens as u32, (tokens * c.n_expert_used) as u32, c.n_expert as u32)
 }
 
-/// Words of a chunk's expert groups, for tiles of either size (the smaller ones need more entries).
+/// Tile entries of one chunk's expert groups.
+fn chunk_tiles(c: &Config, tokens: usize) -> u32 {
+    matmul::max_tiles((tokens * c.n_expert_used) as u32, c.n_expert as u32, chunk_expert_tiles(c, tokens).pairs())
+}
+
+/// Words of a chunk's expert groups, for tiles of any kind (those of the fewest pairs need the most entries).
 fn group_words(c: &Config, tokens: usize) -> u64 {
     let pairs = (tokens * c.n_expert_used) as u32;
-    moe::group_list_at(matmul::max_tiles(pairs, c.n_expert as u32, matmul::ROW_TOKENS)) as u64 + pairs as u64
+    moe::group_list_at(matmul::max_tiles(pairs, c.n_expert as u32, matmul::ROW_TOKENS.min(matmul::BLOCK_PAIRS))) as u64 + pairs as u64
 }
 
 /// What a span needs besides the GPU buffers.
@@ -406,21 +411,21 @@ fn experts_chunk(gpu: &Gpu, pass: &mut Pass, c: &Config, p: &Prefill, pool: &Exp
     let layout = pool.layouts[l].ok_or_else(|| format!("layer {l} has no expert record layout"))?;
     let max_tiles = chunk_tiles(c, m);
     let list_at = moe::group_list_at(max_tiles);
-    let tile_pairs = matmul::expert_tile_pairs(m as u32);
-    moe::group(gpu, pass, &p.sel, sel_offset(c, c0), m as u32, k, c.n_expert as u32, slots, slot_base, tile_pairs, max_tiles, &p.groups);
+    let tiles = chunk_expert_tiles(c, m);
+    moe::group(gpu, pass, &p.sel, sel_offset(c, c0), m as u32, k, c.n_expert as u32, slots, slot_base, tiles.pairs(), max_tiles, &p.groups);
     let x_at = Rows::new((c0 * c.hidden) as u32, hidden);
     for ch in pool.chunks_of(l) {
         match layout.gate_up_fused() {
-            Some(gate_up) => matmul::experts(gpu, pass, ch, gate_up, tile_pairs, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f)),
+            Some(gate_up) => matmul::experts(gpu, pass, ch, gate_up, tiles, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f)),
             None => {
-                matmul::experts(gpu, pass, ch, layout.gate, tile_pairs, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f));
-                matmul::experts(gpu, pass, ch, layout.up, tile_pairs, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(f, 2 * f));
+                matmul::experts(gpu, pass, ch, layout.gate, tiles, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(0, 2 * f));
+                matmul::experts(gpu, pass, ch, layout.up, tiles, &p.groups, list_at, max_tiles, &p.h, x_at, k, &p.gu, Rows::new(f, 2 * f));
             }
         }
     }
     moe::swiglu(gpu, pass, &p.gu, &p.act, f, m as u32 * k, c.clamp_exp[l]);
     for ch in pool.chunks_of(l) {
-        matmul::experts(gpu, pass, ch, layout.down, tile_pairs, &p.groups, list_at, max_tiles, &p.act, Rows::new(0, f), 1, &p.experts_out, Rows::new(0, hidden));
+        matmul::experts(gpu, pass, ch, layout.down, tiles, &p.groups, list_at, max_tiles, &p.act, Rows::new(0, f), 1, &p.experts_out, Rows::new(0, hidden));
     }
     Ok(())
 }

@@ -50,18 +50,89 @@ fn tiles_for(rows: u32, tokens: u32, batch: u32) -> (&'static str, (u32, u32, u3
 
 /// Token counts up to this use row tiles.
 pub const FEW_TOKENS: u32 = 16;
-/// On (`lingtab bench --expert-row-tiles`): the experts' pairs of a chunk of any size go in row tiles of up to
-/// [`ROW_TOKENS`] (each invocation a row, its weights decoded into registers), not wide tiles of up to 64.
-static EXPERT_ROW_TILES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-pub fn set_expert_row_tiles(on: bool) {
-    EXPERT_ROW_TILES.store(on, std::sync::atomic::Ordering::Relaxed);
+/// How a chunk's expert products are tiled (the pairs of one tile-list entry and the kernel that runs them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertTiles {
+    /// 128 rows × up to [`ROW_TOKENS`] pairs, each invocation a row, its weights decoded into registers.
+    Rows,
+    /// 64 rows × up to [`TILE_TOKENS`] pairs, the weights decoded into workgroup memory once per step.
+    Wide,
+    /// 64 rows × up to [`BLOCK_PAIRS`] pairs, 4 invocations a row over 128 columns a step, the weights decoded
+    /// into registers and applied to every pair's inputs read from workgroup memory. A subgroup holds 32 rows'
+    /// same columns, so its reads of the inputs are broadcasts.
+    Blocks,
+    /// Block tiles whose row's 4 invocations are neighbours: a subgroup reads 8 rows' neighbouring words at a time
+    /// (`lingtab bench --expert-tiles blocks-near`, to compare).
+    BlocksNear,
 }
 
-/// Pairs per entry of the expert tile list for a chunk of `tokens` tokens: a row tile's for a few tokens (no
-/// expert has more pairs than that), else a wide tile's. [`super::moe::group`] and [`experts`] take the same.
-pub fn expert_tile_pairs(tokens: u32) -> u32 {
-    if tokens <= FEW_TOKENS || EXPERT_ROW_TILES.load(std::sync::atomic::Ordering::Relaxed) { ROW_TOKENS } else { TILE_TOKENS }
+/// Pairs per entry of block tiles (`BLOCK_PAIRS` in the shader) and their rows (`BLOCK_ROWS`).
+pub const BLOCK_PAIRS: u32 = 16;
+pub const BLOCK_ROWS: u32 = 64;
+
+impl ExpertTiles {
+    /// Pairs per entry of the tile list ([`super::moe::group`] and [`experts`] take the same).
+    pub fn pairs(self) -> u32 {
+        match self {
+            ExpertTiles::Rows => ROW_TOKENS,
+            ExpertTiles::Wide => TILE_TOKENS,
+            ExpertTiles::Blocks | ExpertTiles::BlocksNear => BLOCK_PAIRS,
+        }
+    }
+
+    fn kernel(self) -> (&'static str, u32) {
+        match self {
+            ExpertTiles::Rows => ("matmul_experts_rows", ROW_TILE),
+            ExpertTiles::Wide => ("matmul_experts", TILE_ROWS),
+            ExpertTiles::Blocks => ("matmul_experts_blocks", BLOCK_ROWS),
+            ExpertTiles::BlocksNear => ("matmul_experts_blocks_near", BLOCK_ROWS),
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<ExpertTiles, String> {
+        match name {
+            "rows" => Ok(ExpertTiles::Rows),
+            "wide" => Ok(ExpertTiles::Wide),
+            "blocks" => Ok(ExpertTiles::Blocks),
+            "blocks-near" => Ok(ExpertTiles::BlocksNear),
+            _ => Err(format!("expert tiles are blocks, blocks-near, wide or rows, not {name:?}")),
+        }
+    }
+}
+
+/// The expert tiles of every chunk over [`FEW_TOKENS`] tokens when set (`lingtab bench --expert-tiles`, to
+/// compare): 0 = the default, else 1 + the [`ExpertTiles`] index.
+static EXPERT_TILES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+pub fn set_expert_tiles(tiles: Option<ExpertTiles>) {
+    let v = match tiles {
+        None => 0,
+        Some(ExpertTiles::Rows) => 1,
+        Some(ExpertTiles::Wide) => 2,
+        Some(ExpertTiles::Blocks) => 3,
+        Some(ExpertTiles::BlocksNear) => 4,
+    };
+    EXPERT_TILES.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The expert tiles of a chunk of `tokens` tokens whose `pairs` (token, expert) pairs spread over `n_expert`
+/// experts: row tiles for a few tokens (no expert has more pairs than a row tile holds); block tiles while the
+/// experts average at most a block tile's pairs (each expert's weights are decoded once per entry, and block
+/// tiles' entries hold fewer pairs); else wide tiles. On the H100 at Flash's widths, block tiles prefilled a
+/// 512-token chunk 11 % faster than wide ones, and a 2048-token chunk (32 pairs an expert) 8 % slower.
+pub fn expert_tiles(tokens: u32, pairs: u32, n_expert: u32) -> ExpertTiles {
+    if tokens <= FEW_TOKENS {
+        return ExpertTiles::Rows;
+    }
+    match EXPERT_TILES.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => ExpertTiles::Rows,
+        2 => ExpertTiles::Wide,
+        3 => ExpertTiles::Blocks,
+        4 => ExpertTiles::BlocksNear,
+        _ if pairs <= BLOCK_PAIRS * n_expert => ExpertTiles::Blocks,
+        _ => ExpertTiles::Wide,
+    }
 }
 
 fn source() -> &'static str {
@@ -176,17 +247,15 @@ pub fn max_tiles(pairs: u32, n_expert: u32, tile_pairs: u32) -> u32 {
 /// offset, at most `max_tiles` entries): the product of matrix `m` (found `m.byte_offset` bytes into the entry's
 /// pool slot) with the entry's pairs p, reading `x[x.offset + (p / x_div)·x.stride ..]` and writing
 /// `y[y.offset + p·y.stride + r]`. Only entries whose slot lies in `chunk` run; call once per pool buffer.
-/// `tile_pairs`, the list's pairs per entry ([`expert_tile_pairs`]), picks the tiles: row tiles for up to
-/// [`ROW_TOKENS`], else wide ones.
+/// `tiles` must be the tiles the list was grouped for (its pairs per entry).
 #[allow(clippy::too_many_arguments)]
-pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, tile_pairs: u32, groups: &wgpu::Buffer, list_at: u32, max_tiles: u32, x: &wgpu::Buffer, x_at: Rows, x_div: u32, y: &wgpu::Buffer, y_at: Rows) {
+pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, tiles: ExpertTiles, groups: &wgpu::Buffer, list_at: u32, max_tiles: u32, x: &wgpu::Buffer, x_at: Rows, x_div: u32, y: &wgpu::Buffer, y_at: Rows) {
     assert!(m.cols % 32 == 0, "matmul rows must be whole 32-value sub-blocks");
     assert!(x_div >= 1);
     if max_tiles == 0 {
         return;
     }
-    assert!(tile_pairs == ROW_TOKENS || tile_pairs == TILE_TOKENS, "expert tiles hold {ROW_TOKENS} or {TILE_TOKENS} pairs");
-    let (entry, rows_per_tile) = if tile_pairs == ROW_TOKENS { ("matmul_experts_rows", ROW_TILE) } else { ("matmul_experts", TILE_ROWS) };
+    let (entry, rows_per_tile) = tiles.kernel();
     let kernel = gpu.kernel(LABEL, source(), entry);
     let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
     let params = params(m, m.row_bytes(), m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts, 0);

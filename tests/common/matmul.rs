@@ -2,7 +2,7 @@
 //! dequantised by the CPU reference, bit-exact with ggml), with outputs poisoned so a missing or stray write shows.
 
 use super::{f32_bytes, poisoned, random_blocks, read_f32, Rand};
-use lingtab::gpu::matmul::{self, Rows};
+use lingtab::gpu::matmul::{self, ExpertTiles, Rows};
 use lingtab::gpu::matvec::{Matrix, PoolChunk};
 use lingtab::gpu::{moe, Gpu, Pass};
 use lingtab::quant::{self, GgmlType};
@@ -132,23 +132,34 @@ pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
 /// The experts of a chunk grouped on the GPU (`moe_group`) and applied from pool slots spread over two pool
 /// buffers: every pair whose expert the table maps gets its expert's product, pairs of unmapped experts are left
 /// alone. Over 70 tokens (wide tiles) the experts' pair counts (70: more than a tile, 1, 6, 12, 30, 18) give
-/// every column split of a tile, and on row tiles (16 pairs an entry) an expert of 70 pairs takes 5 entries; over 16
-/// (row tiles) they are 16, 1, 6 and 6, with one expert not in the pool.
+/// every column split of a tile; on row and block tiles (16 pairs an entry) an expert of 70 pairs takes 5 entries,
+/// and the others fill 1 to 4 of a block tile's groups of 4 pairs; over 16 (row tiles) they are 16, 1, 6 and 6,
+/// with one expert not in the pool. Block tiles also take a Q8_0 matrix whose 96 columns end inside a step.
 pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
-    for (tokens, tile_pairs) in [(70, matmul::TILE_TOKENS), (70, matmul::ROW_TOKENS), (matmul::FEW_TOKENS as usize, matmul::ROW_TOKENS)] {
-        for (ty, rows, cols) in [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512)] {
-            grouped_case(gpu, &mut rng, seed, ty, rows, cols, tokens, tile_pairs).await;
+    let k_quants = [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512)];
+    let with_q8 = [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512), (GgmlType::Q8_0, 70, 96)];
+    let cases: [(usize, ExpertTiles, &[(GgmlType, usize, usize)]); 5] = [
+        (70, ExpertTiles::Wide, &k_quants),
+        (70, ExpertTiles::Rows, &k_quants),
+        (70, ExpertTiles::Blocks, &with_q8),
+        (70, ExpertTiles::BlocksNear, &with_q8),
+        (matmul::FEW_TOKENS as usize, ExpertTiles::Rows, &k_quants),
+    ];
+    for (tokens, tiles, types) in cases {
+        for &(ty, rows, cols) in types {
+            grouped_case(gpu, &mut rng, seed, ty, rows, cols, tokens, tiles).await;
         }
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: usize, cols: usize, tokens: usize, tile_pairs: u32) {
+async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: usize, cols: usize, tokens: usize, tiles: ExpertTiles) {
+    let tile_pairs = tiles.pairs();
     let (slots_per_chunk, n_chunks, n_expert, k) = (3u32, 2u32, 8u32, 2usize);
     let part_offset = 210u64 * 4; // the matrix starts inside the record, after other rows
-    let matrix_bytes = (rows * cols / 256 * ty.block_bytes()) as u64;
+    let matrix_bytes = rows as u64 * ty.bytes_for(cols as u64).unwrap();
     let slot_bytes = (part_offset + matrix_bytes).next_multiple_of(256);
     let mut chunks = Vec::new();
     let mut slot_values = Vec::new();
@@ -196,7 +207,7 @@ async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: 
     moe::group(gpu, &mut pass, &sel_buf, 1, tokens as u32, k as u32, n_expert, &table_buf, n_expert, tile_pairs, max_tiles, &groups);
     for (index, buffer) in chunks.iter().enumerate() {
         let chunk = PoolChunk { buffer, index: index as u32, slots_per_chunk, slot_bytes };
-        matmul::experts(gpu, &mut pass, chunk, m, tile_pairs, &groups, list_at, max_tiles, &x_buf, Rows::new(3, cols as u32), k as u32, &y_buf, Rows::new(0, y_stride as u32));
+        matmul::experts(gpu, &mut pass, chunk, m, tiles, &groups, list_at, max_tiles, &x_buf, Rows::new(3, cols as u32), k as u32, &y_buf, Rows::new(0, y_stride as u32));
     }
     pass.submit(gpu);
     let y = read_f32(gpu, &y_buf, tokens * k * y_stride).await;
@@ -204,7 +215,7 @@ async fn grouped_case(gpu: &Gpu, rng: &mut Rand, seed: u64, ty: GgmlType, rows: 
         for j in 0..k {
             let e = sel[1 + t * words + j] as usize;
             let row = &y[(t * k + j) * y_stride..][..y_stride];
-            let what = format!("{ty}, {tokens} tokens in tiles of {tile_pairs} pairs: token {t} pick {j}: expert {e} (seed {seed})");
+            let what = format!("{ty}, {tokens} tokens in {tiles:?} tiles: token {t} pick {j}: expert {e} (seed {seed})");
             match table[n_expert as usize + e] {
                 u32::MAX => assert!(row.iter().all(|v| v.is_nan()), "{what}: not in the pool, yet written"),
                 slot => {
