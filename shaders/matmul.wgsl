@@ -528,6 +528,12 @@ fn tile_entry(i: u32, lid: u32) -> vec4<u32> {
     return workgroupUniformLoad(&entry_info);
 }
 
+// Whether a workgroup of rows from row0 has work in an entry: an entry with pairs, whose slot is in this
+// dispatch's pool buffer (uniform, so a workgroup returns as a whole).
+fn entry_runs(prm: Params, info: vec4<u32>, row0: u32) -> bool {
+    return info.x != 0xffffffffu && info.x / prm.slots_per_chunk == prm.chunk && row0 < prm.rows && info.z != 0u;
+}
+
 // Partial sum j (invocation·4 + token of its group) kept in the tiles' memory once the steps are done.
 fn set_partial(j: u32, v: vec4<f32>) {
     if (j < 512u) { w_tile[j] = v; } else { x_tile[j - 512u] = v; }
@@ -543,7 +549,7 @@ fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let info = tile_entry(wg.y, lid);
     let slot = info.x;
     let row0 = wg.x * TILE_ROWS;
-    if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows || info.z == 0u) { return; }
+    if (!entry_runs(prm, info, row0)) { return; }
     let start = info.y;
     let count = min(info.z, TILE_TOKENS);
     let token_groups = (count + 3u) / 4u;
@@ -625,7 +631,7 @@ fn matmul_experts_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
     let info = tile_entry(wg.y, lid);
     let slot = info.x;
     let row0 = wg.x * ROW_TILE;
-    if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows || info.z == 0u) { return; }
+    if (!entry_runs(prm, info, row0)) { return; }
     let start = info.y;
     let count = min(info.z, ROW_TOKENS);
     let load_token = lid / 8u;
@@ -753,7 +759,7 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
     let info = tile_entry(wg.y, lid);
     let slot = info.x;
     let row0 = wg.x * BLOCK_ROWS;
-    if (slot == 0xffffffffu || slot / prm.slots_per_chunk != prm.chunk || row0 >= prm.rows || info.z == 0u) { return; }
+    if (!entry_runs(prm, info, row0)) { return; }
     let start = info.y;
     let count = min(info.z, BLOCK_PAIRS);
     // computing: row r of the tile, column quarter j of each sub-block
