@@ -534,6 +534,18 @@ fn entry_runs(prm: Params, info: vec4<u32>, row0: u32) -> bool {
     return info.x != 0xffffffffu && info.x / prm.slots_per_chunk == prm.chunk && row0 < prm.rows && info.z != 0u;
 }
 
+// Where the entry's expert's matrix starts in this pool buffer (bytes), where the entry's pair at list entry
+// `entry` reads its input (floats), and where it writes its output row (floats).
+fn entry_weights(prm: Params, slot: u32) -> u32 {
+    return (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset;
+}
+fn pair_input(prm: Params, entry: u32) -> u32 {
+    return prm.x_offset + (groups[prm.list_at + entry] / prm.x_div) * prm.x_stride;
+}
+fn pair_output(prm: Params, entry: u32) -> u32 {
+    return prm.y_offset + groups[prm.list_at + entry] * prm.y_stride;
+}
+
 // Partial sum j (invocation·4 + token of its group) kept in the tiles' memory once the steps are done.
 fn set_partial(j: u32, v: vec4<f32>) {
     if (j < 512u) { w_tile[j] = v; } else { x_tile[j - 512u] = v; }
@@ -560,12 +572,12 @@ fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let part = (lid % 4u) * 8u;
     let row = row0 + load_index;
     let row_ok = row < prm.rows;
-    let w_base = (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset;
+    let w_base = entry_weights(prm, slot);
     let row_at = w_base + row * prm.row_bytes;
     let loads = load_index < count;
     var x_base = 0u;
     if (loads) {
-        x_base = prm.x_offset + (groups[prm.list_at + start + load_index] / prm.x_div) * prm.x_stride;
+        x_base = pair_input(prm, start + load_index);
     }
     let row_group = lid % 16u;
     let token_group = (lid / 16u) / split;
@@ -617,8 +629,7 @@ fn matmul_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 // The tile's rows of the pair at list entry `entry`, when `used`.
 fn store_pair(prm: Params, entry: u32, used: bool, row0: u32, lid: u32, v: vec4<f32>) {
     if (!used) { return; }
-    let pair = groups[prm.list_at + entry];
-    store_rows(prm, prm.y_offset + pair * prm.y_stride, row0, lid, v);
+    store_rows(prm, pair_output(prm, entry), row0, lid, v);
 }
 
 // Row tiles over the tile list, for chunks of at most ROW_TOKENS tokens (so an entry has at most that many pairs:
@@ -638,14 +649,14 @@ fn matmul_experts_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
     let loads = load_token < count;
     var x_base = 0u;
     if (loads) {
-        x_base = prm.x_offset + (groups[prm.list_at + start + load_token] / prm.x_div) * prm.x_stride;
+        x_base = pair_input(prm, start + load_token);
     }
     let row = row0 + lid;
-    let w_base = (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset;
+    let w_base = entry_weights(prm, slot);
     let acc = row_products(prm, w_base + row * prm.row_bytes, row < prm.rows, x_base, loads, count, lid);
     if (row < prm.rows) {
         for (var n = 0u; n < ROW_TOKENS; n++) {
-            if (n < count) { store(prm.y_offset + groups[prm.list_at + start + n] * prm.y_stride + row, acc[n]); }
+            if (n < count) { store(pair_output(prm, start + n) + row, acc[n]); }
         }
     }
 }
@@ -767,14 +778,14 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
     let r = select(lid % BLOCK_ROWS, lid / 4u, near);
     let row = row0 + r;
     let row_ok = row < prm.rows;
-    let row_at = (slot % prm.slots_per_chunk) * prm.slot_bytes + prm.w_offset + row * prm.row_bytes;
+    let row_at = entry_weights(prm, slot) + row * prm.row_bytes;
     // loading inputs: 8 columns of the step, from `part`, of pair lid / 16
     let load_pair = lid / 16u;
     let part = (lid % 16u) * 8u;
     let loads = load_pair < count;
     var x_base = 0u;
     if (loads) {
-        x_base = prm.x_offset + (groups[prm.list_at + start + load_pair] / prm.x_div) * prm.x_stride;
+        x_base = pair_input(prm, start + load_pair);
     }
     var acc: array<vec4<f32>, 4>;
     var next_w: FetchedBlock;
@@ -830,7 +841,7 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
     for (var e = 0u; e < 4u; e++) {
         let n = 4u * j + e;
         if (n < count) {
-            store(prm.y_offset + groups[prm.list_at + start + n] * prm.y_stride + row, total[e]);
+            store(pair_output(prm, start + n) + row, total[e]);
         }
     }
 }

@@ -90,29 +90,21 @@ impl ExpertTiles {
         }
     }
 
+    /// Every kind with its `lingtab bench --expert-tiles` name.
+    const NAMED: [(ExpertTiles, &'static str); 4] =
+        [(ExpertTiles::Rows, "rows"), (ExpertTiles::Wide, "wide"), (ExpertTiles::Blocks, "blocks"), (ExpertTiles::BlocksNear, "blocks-near")];
+
     pub fn parse(name: &str) -> Result<ExpertTiles, String> {
-        match name {
-            "rows" => Ok(ExpertTiles::Rows),
-            "wide" => Ok(ExpertTiles::Wide),
-            "blocks" => Ok(ExpertTiles::Blocks),
-            "blocks-near" => Ok(ExpertTiles::BlocksNear),
-            _ => Err(format!("expert tiles are blocks, blocks-near, wide or rows, not {name:?}")),
-        }
+        Self::NAMED.iter().find(|(_, n)| *n == name).map(|(t, _)| *t).ok_or_else(|| format!("expert tiles are blocks, blocks-near, wide or rows, not {name:?}"))
     }
 }
 
 /// The expert tiles of every chunk over [`FEW_TOKENS`] tokens when set (`lingtab bench --expert-tiles`, to
-/// compare): 0 = the default, else 1 + the [`ExpertTiles`] index.
+/// compare): 0 = the default, else 1 + the kind's index in [`ExpertTiles::NAMED`].
 static EXPERT_TILES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 pub fn set_expert_tiles(tiles: Option<ExpertTiles>) {
-    let v = match tiles {
-        None => 0,
-        Some(ExpertTiles::Rows) => 1,
-        Some(ExpertTiles::Wide) => 2,
-        Some(ExpertTiles::Blocks) => 3,
-        Some(ExpertTiles::BlocksNear) => 4,
-    };
+    let v = tiles.map_or(0, |t| 1 + ExpertTiles::NAMED.iter().position(|(k, _)| *k == t).unwrap() as u8);
     EXPERT_TILES.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -126,12 +118,9 @@ pub fn expert_tiles(tokens: u32, pairs: u32, n_expert: u32) -> ExpertTiles {
         return ExpertTiles::Rows;
     }
     match EXPERT_TILES.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => ExpertTiles::Rows,
-        2 => ExpertTiles::Wide,
-        3 => ExpertTiles::Blocks,
-        4 => ExpertTiles::BlocksNear,
-        _ if pairs <= BLOCK_PAIRS * n_expert => ExpertTiles::Blocks,
-        _ => ExpertTiles::Wide,
+        0 if pairs <= BLOCK_PAIRS * n_expert => ExpertTiles::Blocks,
+        0 => ExpertTiles::Wide,
+        v => ExpertTiles::NAMED[v as usize - 1].0,
     }
 }
 
