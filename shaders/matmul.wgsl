@@ -753,16 +753,6 @@ fn block_quad(w: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32) -> vec4<f32> {
     return vec4<f32>(block_dot(w, pair, s, j), block_dot(w, pair + 1u, s, j), block_dot(w, pair + 2u, s, j), block_dot(w, pair + 3u, s, j));
 }
 
-// Pairs 4q .. 4q+3 of row r summed over the row's 4 invocations (x_tile holding two of each one's groups of 4:
-// the group q of invocation (r, j) at 2·(64j + r) + q % 2).
-fn row_total(r: u32, q: u32) -> vec4<f32> {
-    var total = x_tile[2u * r + q % 2u];
-    for (var jj = 1u; jj < 4u; jj++) {
-        total += x_tile[2u * (jj * BLOCK_ROWS + r) + q % 2u];
-    }
-    return total;
-}
-
 // near: a row's 4 invocations are neighbours (a subgroup reads 8 rows, 16 neighbouring bytes of each); else
 // j = lid / 64 (a subgroup reads the same columns of 32 rows, and its input reads are broadcasts).
 fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
@@ -824,19 +814,18 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
         }
         workgroupBarrier();
     }
-    // the 4 invocations of a row add their sums through x_tile, two groups of 4 pairs at a time: invocation j of
-    // the row finishes pairs 4j .. 4j+3
-    let mine = 2u * (j * BLOCK_ROWS + r);
-    x_tile[mine] = acc[0];
-    x_tile[mine + 1u] = acc[1];
+    // the 4 invocations of a row add their sums through both tiles' 16 KiB in one round: invocation j of the row
+    // finishes pairs 4j .. 4j+3. (Through x_tile alone, in two rounds, the kernel needed 8 KiB and ran 1.6×
+    // slower on the H100, a 512-token prompt at 4,442 tok/s against 7,218: probably because more of its
+    // workgroups then share an SM, and the L1 that serves a row's 4 invocations holds less of each.)
+    let mine = 4u * (j * BLOCK_ROWS + r);
+    set_partial(mine, acc[0]);
+    set_partial(mine + 1u, acc[1]);
+    set_partial(mine + 2u, acc[2]);
+    set_partial(mine + 3u, acc[3]);
     workgroupBarrier();
-    var total = vec4<f32>(0.0);
-    if (j < 2u) { total = row_total(r, j); }
-    workgroupBarrier();
-    x_tile[mine] = acc[2];
-    x_tile[mine + 1u] = acc[3];
-    workgroupBarrier();
-    if (j >= 2u) { total = row_total(r, j); }
+    var total = partial(4u * r + j);
+    for (var jj = 1u; jj < 4u; jj++) { total += partial(4u * (jj * BLOCK_ROWS + r) + j); }
     if (!row_ok) { return; }
     for (var e = 0u; e < 4u; e++) {
         let n = 4u * j + e;
