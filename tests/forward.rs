@@ -28,7 +28,7 @@ fn logits_match_llama_cpp_f32_twin_on_every_fixture_case() {
     let mut engine = engine(&EngineOptions::default());
     for case in cases() {
         let (max_abs, rms, ours) = pollster::block_on(forward::check_logits(&mut engine, &case));
-        let greedy = pollster::block_on(forward::check_greedy(&mut engine, &case));
+        let greedy = pollster::block_on(forward::check_greedy(&mut engine, &case, usize::MAX));
         // llama.cpp on the quantised file itself (8-bit activations): reported, not a target
         let q: Vec<f32> = bytemuck::pod_collect_to_vec(&std::fs::read(fixture(&format!("golden/{}.q.prefill_logits.f32", case.id))).unwrap());
         let diffs: Vec<f64> = ours.iter().flatten().zip(&q).map(|(a, b)| (a - b) as f64).collect();

@@ -188,9 +188,31 @@ fn dequantize_blocks<B: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// On failure, the index of the block that could not be stored.
+/// Blocks are independent, so large inputs are split over the machine's threads (one where there are none, as
+/// in the browser); the bytes are the same either way. Err: the first block that could not be quantised.
 fn quantize_blocks<B: BlockFormat>(src: &[f32], out: &mut [u8]) -> Result<(), usize> {
+    let blocks = src.len() / B::ELEMS;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(blocks / 4096).max(1);
+    if threads == 1 {
+        return quantize_range::<B>(src, out, 0);
+    }
+    let per = blocks.div_ceil(threads);
+    let firsts: Vec<Result<(), usize>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = src
+            .chunks(per * B::ELEMS)
+            .zip(out.chunks_mut(per * B::BYTES))
+            .enumerate()
+            .map(|(i, (src, out))| scope.spawn(move || quantize_range::<B>(src, out, i * per)))
+            .collect();
+        runs.into_iter().map(|r| r.join().expect("a quantising thread panicked")).collect()
+    });
+    firsts.into_iter().collect()
+}
+
+/// [`quantize_blocks`] of one range, whose first block is block `first` of the whole.
+fn quantize_range<B: BlockFormat>(src: &[f32], out: &mut [u8], first: usize) -> Result<(), usize> {
     for (index, (values, block)) in src.chunks_exact(B::ELEMS).zip(out.chunks_exact_mut(B::BYTES)).enumerate() {
-        B::quantize(values).ok_or(index)?.write_bytes(block);
+        B::quantize(values).ok_or(first + index)?.write_bytes(block);
     }
     Ok(())
 }
@@ -237,9 +259,15 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
     Ok(out)
 }
 
-/// ggml's `nearest_int`: round half to even (ggml adds 1.5·2²³; identical for the magnitudes used here).
+/// ggml's `nearest_int`: round half to even by adding 1.5·2²³, whose sum's low mantissa bits are the rounded value
+/// (for |value| < 2²², every value the quantisers round; `round_ties_even` past that). The same rounding as
+/// `round_ties_even`, several times faster: that is a libm call on x86-64 without SSE4.1.
 fn nearest_int(value: f32) -> i32 {
-    value.round_ties_even() as i32
+    if value.abs() < 4_194_303.0 {
+        ((value + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+    } else {
+        value.round_ties_even() as i32
+    }
 }
 
 /// Reads the little-endian f16 at `offset`.
@@ -354,6 +382,37 @@ mod tests {
                 src[2 * ty.block_elems()] = 3e9;
                 assert_eq!(quantize(ty, &src).unwrap_err(), QuantError::OutOfRange { ty, block: 2 });
             }
+        }
+    }
+
+    /// Inputs of many blocks are quantised on several threads: the bytes are those of one block at a time, and
+    /// a block out of range is named by its place in the whole input, the first of several.
+    #[test]
+    fn threaded_quantising_gives_the_block_by_block_bytes() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+            let blocks = 3 * 4096 + 5;
+            let mut src = test_support::gaussian(blocks * ty.block_elems(), 7);
+            let whole = quantize(ty, &src).unwrap();
+            let one_by_one: Vec<u8> = src.chunks(ty.block_elems()).flat_map(|b| quantize(ty, b).unwrap()).collect();
+            assert!(whole == one_by_one, "{ty}");
+            for late in [blocks - 1, 2 * 4096 + 1] {
+                src[late * ty.block_elems()] = 3e9;
+            }
+            assert_eq!(quantize(ty, &src).unwrap_err(), QuantError::OutOfRange { ty, block: 2 * 4096 + 1 });
+        }
+    }
+
+    /// ggml's rounding trick against `round_ties_even`, ties and the edges of its range included.
+    #[test]
+    fn nearest_int_rounds_half_to_even() {
+        for v in [0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 63.5, 64.5, -127.5, 4_194_302.5, -4_194_302.5, 4_194_303.0, 1e9, -1e9, 0.0, -0.0] {
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+        }
+        let mut state = 1u64;
+        for _ in 0..100_000 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let v = ((state >> 40) as f32 - 8_388_608.0) / 64.0;
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
         }
     }
 

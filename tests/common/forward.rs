@@ -98,8 +98,9 @@ pub async fn check_logits(engine: &mut Engine, case: &Case) -> (f32, f32, Vec<Ve
     (worst_abs, worst_rms, rows)
 }
 
-/// The greedy continuation after the prompt, compared up to the first step llama.cpp itself calls a near-tie.
-pub async fn check_greedy(engine: &mut Engine, case: &Case) -> usize {
+/// The greedy continuation after the prompt, compared up to the first step llama.cpp itself calls a near-tie,
+/// and at most `steps` steps.
+pub async fn check_greedy(engine: &mut Engine, case: &Case, steps: usize) -> usize {
     if case.first_near_tie < case.tokens.len() {
         return 0; // the prompt's own routing may go either way; its continuation is not comparable
     }
@@ -109,13 +110,14 @@ pub async fn check_greedy(engine: &mut Engine, case: &Case) -> usize {
         next = engine.step_argmax(t).await.unwrap();
     }
     let mut compared = 0;
-    for (step, &want) in case.greedy.iter().enumerate() {
+    let greedy = &case.greedy[..case.greedy.len().min(steps)];
+    for (step, &want) in greedy.iter().enumerate() {
         if case.greedy_margins[step] < ARGMAX_NEAR_TIE {
             break;
         }
         assert_eq!(next, want, "case {} greedy step {step}", case.id);
         compared += 1;
-        if step + 1 < case.greedy.len() {
+        if step + 1 < greedy.len() {
             next = engine.next_greedy(next).await.unwrap();
         }
     }
