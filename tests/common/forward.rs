@@ -105,10 +105,9 @@ pub async fn check_greedy(engine: &mut Engine, case: &Case, steps: usize) -> usi
         return 0; // the prompt's own routing may go either way; its continuation is not comparable
     }
     engine.reset();
-    let mut next = 0;
-    for &t in &case.tokens {
-        next = engine.step_argmax(t).await.unwrap();
-    }
+    // the prompt through the chunked prefill (check_logits feeds it token by token), so the continuation also
+    // checks the prefill's states against llama.cpp
+    let mut next = argmax(&engine.feed(&case.tokens).await.unwrap()) as u32;
     let mut compared = 0;
     let greedy = &case.greedy[..case.greedy.len().min(steps)];
     for (step, &want) in greedy.iter().enumerate() {
