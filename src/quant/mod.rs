@@ -187,7 +187,6 @@ fn dequantize_blocks<B: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// On failure, the index of the block that could not be stored.
 /// Blocks are independent, so large inputs are split over the machine's threads (one where there are none, as
 /// in the browser); the bytes are the same either way. Err: the first block that could not be quantised.
 fn quantize_blocks<B: BlockFormat>(src: &[f32], out: &mut [u8]) -> Result<(), usize> {
