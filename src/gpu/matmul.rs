@@ -95,7 +95,10 @@ impl ExpertTiles {
         [(ExpertTiles::Rows, "rows"), (ExpertTiles::Wide, "wide"), (ExpertTiles::Blocks, "blocks"), (ExpertTiles::BlocksNear, "blocks-near")];
 
     pub fn parse(name: &str) -> Result<ExpertTiles, String> {
-        Self::NAMED.iter().find(|(_, n)| *n == name).map(|(t, _)| *t).ok_or_else(|| format!("expert tiles are blocks, blocks-near, wide or rows, not {name:?}"))
+        Self::NAMED.iter().find(|(_, n)| *n == name).map(|(t, _)| *t).ok_or_else(|| {
+            let names: Vec<&str> = Self::NAMED.iter().map(|(_, n)| *n).collect();
+            format!("expert tiles are one of {}, not {name:?}", names.join(", "))
+        })
     }
 }
 
