@@ -1,11 +1,14 @@
 // The greedy pick: out[0] = index of the largest of x[0..n) (ties: the lower index), out[1] = its value bits.
 // Two dispatches of the same entry point, so a 157k-entry vocabulary is not one workgroup's serial walk:
-//   stage 0: PARTS workgroups, workgroup g picks over x[g·WG ..] strided by PARTS·WG, into out[2 + 2g ..];
-//   stage 1: one workgroup picks among those PARTS partials, into out[0..2].
+//   stage 0: `parts` workgroups (at most PARTS; fewer for a short x, so each invocation has a few values: a CPU
+//            WebGPU pays for every workgroup), workgroup g picks over x[g·WG ..] strided by parts·WG, into
+//            out[2 + 2g ..];
+//   stage 1: one workgroup picks among those `parts` partials, into out[0..2].
 
 struct Params {
     n: u32,
     stage: u32,
+    parts: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -27,11 +30,11 @@ fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var v = bitcast<f32>(0xff7fffffu); // -FLT_MAX (a decimal literal may round past it)
     var idx = NONE;
     if (p.stage == 0u) {
-        for (var i = wg.x * WG + lid; i < p.n; i += PARTS * WG) {
+        for (var i = wg.x * WG + lid; i < p.n; i += clamp(p.parts, 1u, PARTS) * WG) {
             // strictly greater keeps the lowest index among equal values within this lane
             if (x[i] > v || idx == NONE) { v = x[i]; idx = i; }
         }
-    } else if (2u + 2u * lid + 1u < arrayLength(&out)) {
+    } else if (lid < p.parts && 2u + 2u * lid + 1u < arrayLength(&out)) {
         idx = out[2u + 2u * lid];
         v = bitcast<f32>(out[3u + 2u * lid]);
     }

@@ -19,10 +19,11 @@
 //   matmul_experts_rows  the same with row tiles, for chunks of at most 16 tokens.
 //   matmul_experts_blocks  the same with block tiles (64 rows × 16 pairs, weights decoded into registers), for
 //                   chunks whose experts average at most 16 pairs; matmul_experts_blocks_near with a row's 4
-//                   invocations side by side.
+//                   invocations side by side; matmul_experts_blocks_tall with 128 rows, two per invocation.
 //   matmul_sum_slices  y[y_offset + t·y_stride + r] = Σ_s partials[(s·tokens + t)·rows + r]: the column slices of
 //                   a product split to fill the GPU (the slices are batches of the entries above).
-// Prepended with quant.wgsl. Every write is bounds-checked.
+// Prepended with quant.wgsl and the matrices' type TY (matmul.rs builds each type's kernels apart). Every write
+// is bounds-checked.
 
 const TILE_ROWS: u32 = 64u;
 const TILE_TOKENS: u32 = 64u;
@@ -32,6 +33,7 @@ struct Params {
     rows: u32,
     cols: u32,
     row_bytes: u32,
+    // the type as filled in; the kernels read the constant TY that matmul.rs puts in place of prm.ty
     ty: u32,
     w_offset: u32,
     w_stride: u32,
@@ -753,6 +755,35 @@ fn block_quad(w: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32) -> vec4<f32> {
     return vec4<f32>(block_dot(w, pair, s, j), block_dot(w, pair + 1u, s, j), block_dot(w, pair + 2u, s, j), block_dot(w, pair + 3u, s, j));
 }
 
+// The 8 inputs an invocation stages for a step: columns col .. col+7 of its pair's x (zeros past the row, or
+// with no pair to load).
+fn block_step_inputs(prm: Params, x_base: u32, loads: bool, col: u32) -> array<vec4<f32>, 2> {
+    var v: array<vec4<f32>, 2>;
+    if (loads && col < prm.cols) {
+        let at = x_base + col;
+        v[0] = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
+        v[1] = vec4<f32>(x[at + 4u], x[at + 5u], x[at + 6u], x[at + 7u]);
+    }
+    return v;
+}
+
+// The sums of row r's 4 invocations for pairs 4j .. 4j+3 (invocation j of the row finishes those), added through
+// both tiles' 16 KiB in one round. (Through x_tile alone, in two rounds, the block kernel needed 8 KiB and ran
+// 1.6× slower on the H100, a 512-token prompt at 4,442 tok/s against 7,218: probably because more of its
+// workgroups then share an SM, and the L1 that serves a row's 4 invocations holds less of each.) Every
+// invocation calls it, once the steps are done.
+fn row_sums(acc: array<vec4<f32>, 4>, r: u32, j: u32) -> vec4<f32> {
+    let mine = 4u * (j * BLOCK_ROWS + r);
+    set_partial(mine, acc[0]);
+    set_partial(mine + 1u, acc[1]);
+    set_partial(mine + 2u, acc[2]);
+    set_partial(mine + 3u, acc[3]);
+    workgroupBarrier();
+    var total = partial(4u * r + j);
+    for (var jj = 1u; jj < 4u; jj++) { total += partial(4u * (jj * BLOCK_ROWS + r) + j); }
+    return total;
+}
+
 // near: a row's 4 invocations are neighbours (a subgroup reads 8 rows, 16 neighbouring bytes of each); else
 // j = lid / 64 (a subgroup reads the same columns of 32 rows, and its input reads are broadcasts).
 fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
@@ -779,28 +810,17 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
     }
     var acc: array<vec4<f32>, 4>;
     var next_w: FetchedBlock;
-    var next_x0 = vec4<f32>(0.0);
-    var next_x1 = vec4<f32>(0.0);
     if (row_ok) { next_w = fetch_block(prm.ty, row_at, j, 0u); }
-    if (loads && part < prm.cols) {
-        next_x0 = vec4<f32>(x[x_base + part], x[x_base + part + 1u], x[x_base + part + 2u], x[x_base + part + 3u]);
-        next_x1 = vec4<f32>(x[x_base + part + 4u], x[x_base + part + 5u], x[x_base + part + 6u], x[x_base + part + 7u]);
-    }
+    var next_x = block_step_inputs(prm, x_base, loads, part);
     for (var k0 = 0u; k0 < prm.cols; k0 += BLOCK_STEP) {
-        x_tile[load_pair * 32u + part / 4u] = next_x0;
-        x_tile[load_pair * 32u + part / 4u + 1u] = next_x1;
+        x_tile[load_pair * 32u + part / 4u] = next_x[0];
+        x_tile[load_pair * 32u + part / 4u + 1u] = next_x[1];
         let fetched = next_w;
         workgroupBarrier();
         let k1 = k0 + BLOCK_STEP;
         if (k1 < prm.cols) {
             if (row_ok) { next_w = fetch_block(prm.ty, row_at, j, k1); }
-            next_x0 = vec4<f32>(0.0);
-            next_x1 = vec4<f32>(0.0);
-            if (loads && k1 + part < prm.cols) {
-                let at = x_base + k1 + part;
-                next_x0 = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
-                next_x1 = vec4<f32>(x[at + 4u], x[at + 5u], x[at + 6u], x[at + 7u]);
-            }
+            next_x = block_step_inputs(prm, x_base, loads, k1 + part);
         }
         if (row_ok) {
             for (var s = 0u; s < 4u; s++) {
@@ -814,18 +834,7 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
         }
         workgroupBarrier();
     }
-    // the 4 invocations of a row add their sums through both tiles' 16 KiB in one round: invocation j of the row
-    // finishes pairs 4j .. 4j+3. (Through x_tile alone, in two rounds, the kernel needed 8 KiB and ran 1.6×
-    // slower on the H100, a 512-token prompt at 4,442 tok/s against 7,218: probably because more of its
-    // workgroups then share an SM, and the L1 that serves a row's 4 invocations holds less of each.)
-    let mine = 4u * (j * BLOCK_ROWS + r);
-    set_partial(mine, acc[0]);
-    set_partial(mine + 1u, acc[1]);
-    set_partial(mine + 2u, acc[2]);
-    set_partial(mine + 3u, acc[3]);
-    workgroupBarrier();
-    var total = partial(4u * r + j);
-    for (var jj = 1u; jj < 4u; jj++) { total += partial(4u * (jj * BLOCK_ROWS + r) + j); }
+    let total = row_sums(acc, r, j);
     if (!row_ok) { return; }
     for (var e = 0u; e < 4u; e++) {
         let n = 4u * j + e;
@@ -843,6 +852,101 @@ fn matmul_experts_blocks(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_in
 @compute @workgroup_size(256)
 fn matmul_experts_blocks_near(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     experts_blocks(wg, lid, true);
+}
+
+// Tall block tiles: 128 rows × up to 16 pairs, each invocation two rows (r and r + 64) at the same columns, so
+// every input read from workgroup memory serves both rows' weights: half the workgroup-memory reads of block
+// tiles per product, for a second row's words and sums in registers.
+const TALL_ROWS: u32 = 128u;
+
+// The 8 weights of sub-block s of two rows times the inputs of pairs `pair` .. `pair` + 3, each input read once.
+fn tall_quads(a: array<vec4<f32>, 2>, b: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32) -> array<vec4<f32>, 2> {
+    var out: array<vec4<f32>, 2>;
+    for (var n = 0u; n < 4u; n++) {
+        let at = (pair + n) * 32u + 8u * s + j;
+        let x0 = x_tile[at];
+        let x1 = x_tile[at + 4u];
+        out[0][n] = dot(a[0], x0) + dot(a[1], x1);
+        out[1][n] = dot(b[0], x0) + dot(b[1], x1);
+    }
+    return out;
+}
+
+@compute @workgroup_size(256)
+fn matmul_experts_blocks_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let prm = pe;
+    let info = tile_entry(wg.y, lid);
+    let slot = info.x;
+    let row0 = wg.x * TALL_ROWS;
+    if (!entry_runs(prm, info, row0)) { return; }
+    let start = info.y;
+    let count = min(info.z, BLOCK_PAIRS);
+    // computing: rows r and r + 64 of the tile, column quarter j of each sub-block (a subgroup: 32 rows' same
+    // columns, its input reads broadcasts)
+    let j = lid / BLOCK_ROWS;
+    let r = lid % BLOCK_ROWS;
+    let row_a = row0 + r;
+    let row_b = row_a + BLOCK_ROWS;
+    let a_ok = row_a < prm.rows;
+    let b_ok = row_b < prm.rows;
+    let at_a = entry_weights(prm, slot) + row_a * prm.row_bytes;
+    let at_b = at_a + BLOCK_ROWS * prm.row_bytes;
+    // loading inputs: 8 columns of the step, from `part`, of pair lid / 16
+    let load_pair = lid / 16u;
+    let part = (lid % 16u) * 8u;
+    let loads = load_pair < count;
+    var x_base = 0u;
+    if (loads) {
+        x_base = pair_input(prm, start + load_pair);
+    }
+    var acc_a: array<vec4<f32>, 4>;
+    var acc_b: array<vec4<f32>, 4>;
+    var next_a: FetchedBlock;
+    var next_b: FetchedBlock;
+    if (a_ok) { next_a = fetch_block(prm.ty, at_a, j, 0u); }
+    if (b_ok) { next_b = fetch_block(prm.ty, at_b, j, 0u); }
+    var next_x = block_step_inputs(prm, x_base, loads, part);
+    for (var k0 = 0u; k0 < prm.cols; k0 += BLOCK_STEP) {
+        x_tile[load_pair * 32u + part / 4u] = next_x[0];
+        x_tile[load_pair * 32u + part / 4u + 1u] = next_x[1];
+        let fetched_a = next_a;
+        let fetched_b = next_b;
+        workgroupBarrier();
+        let k1 = k0 + BLOCK_STEP;
+        if (k1 < prm.cols) {
+            if (a_ok) { next_a = fetch_block(prm.ty, at_a, j, k1); }
+            if (b_ok) { next_b = fetch_block(prm.ty, at_b, j, k1); }
+            next_x = block_step_inputs(prm, x_base, loads, k1 + part);
+        }
+        if (a_ok) {
+            for (var s = 0u; s < 4u; s++) {
+                let wa = decode_block(prm, fetched_a, at_a, j, k0, s);
+                // a row past the matrix decodes nothing (types decoded from the weights would read past it)
+                var wb: array<vec4<f32>, 2>;
+                if (b_ok) { wb = decode_block(prm, fetched_b, at_b, j, k0, s); }
+                // constant indices into the sums only (a runtime index would put them in memory)
+                var q = tall_quads(wa, wb, 0u, s, j);
+                acc_a[0] += q[0];
+                acc_b[0] += q[1];
+                if (count > 4u) { q = tall_quads(wa, wb, 4u, s, j); acc_a[1] += q[0]; acc_b[1] += q[1]; }
+                if (count > 8u) { q = tall_quads(wa, wb, 8u, s, j); acc_a[2] += q[0]; acc_b[2] += q[1]; }
+                if (count > 12u) { q = tall_quads(wa, wb, 12u, s, j); acc_a[3] += q[0]; acc_b[3] += q[1]; }
+            }
+        }
+        workgroupBarrier();
+    }
+    // row a's sums, then (once every invocation has read them) row b's through the same memory
+    let total_a = row_sums(acc_a, r, j);
+    workgroupBarrier();
+    let total_b = row_sums(acc_b, r, j);
+    for (var e = 0u; e < 4u; e++) {
+        let n = 4u * j + e;
+        if (n < count) {
+            let out = pair_output(prm, start + n);
+            if (a_ok) { store(out + row_a, total_a[e]); }
+            if (b_ok) { store(out + row_b, total_b[e]); }
+        }
+    }
 }
 
 // ---- the slices of a product split by columns, added ----

@@ -14,6 +14,7 @@ struct Params {
     rows: u32,
     cols: u32,
     row_bytes: u32,
+    // (the kernel's TY; matvec.rs fills it in all the same)
     ty: u32,
     w_offset: u32,
     w_stride: u32,
@@ -49,6 +50,10 @@ const WG: u32 = 256u;
 const ROWS: u32 = 2u;
 // quants to f32 through the exponent bits of 2^23 (an OR and a subtraction) rather than an int conversion
 const MAGIC: bool = true;
+// the matrices' ggml type: matvec.rs builds a kernel per type, so each keeps one type's code (on SwiftShader, the
+// browser tests' CPU WebGPU, a decode step of the tiny model took 1.4× as long with every type's code behind a
+// branch on p.ty; on the H100 a Flash-width step 1.05×)
+const TY: u32 = 12u;
 var<workgroup> partial: array<f32, WG * ROWS>;
 
 // Lanes a subgroup is sure to hold, and the sum of v over each aligned run of `width` (≤ SUBGROUP) of them.
@@ -182,14 +187,14 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
         rows[r] = base + min(row0 + r, p.rows - 1u) * p.row_bytes;
     }
     var acc: array<f32, ROWS>;
-    switch p.ty {
+    switch TY {
         case 12u, 14u: {
             let t = lane % 16u;
             let side = max(p.lanes / 16u, 1u); // never 0: every loop must end (kernel.rs)
-            let block_bytes = select(144u, 210u, p.ty == 14u);
+            let block_bytes = select(144u, 210u, TY == 14u);
             for (var blk = lane / 16u; blk < p.cols / 256u; blk += side) {
                 let xb = xb + blk * 256u;
-                if (p.ty == 14u) {
+                if (TY == 14u) {
                     let xs = q6k_x(xb, t);
                     let bias = q6k_bias(xs);
                     for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot(rows[r] + blk * block_bytes, t, xs, bias); }
@@ -214,7 +219,7 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
             for (var sb = lane; sb < p.cols / 32u; sb += max(p.lanes, 1u)) {
                 for (var l = 0u; l < 32u; l++) {
                     let xv = x1(xb + sb * 32u + l);
-                    for (var r = 0u; r < ROWS; r++) { acc[r] += row_value(p.ty, rows[r], sb * 32u + l) * xv; }
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += row_value(TY, rows[r], sb * 32u + l) * xv; }
                 }
             }
         }

@@ -4,6 +4,8 @@
 
 mod common;
 
+use lingtab::gpu::matmul::ExpertTiles;
+use lingtab::gpu::matvec::Variant;
 use lingtab::gpu::Gpu;
 
 fn gpu() -> Gpu {
@@ -19,7 +21,7 @@ fn dequant_kernels_match_cpu_reference() {
 
 #[test]
 fn matvec_every_type_matches_reference() {
-    pollster::block_on(common::matvec::matvec_every_type_matches_reference(&gpu()));
+    pollster::block_on(common::matvec::matvec_every_type_matches_reference(&gpu(), &Variant::ALL));
 }
 
 #[test]
@@ -33,7 +35,7 @@ fn matvec_add_adds_the_product_to_y() {
 fn matvec_without_subgroups_matches_reference() {
     let gpu = gpu();
     gpu.set_subgroups(false);
-    pollster::block_on(common::matvec::matvec_every_type_matches_reference(&gpu));
+    pollster::block_on(common::matvec::matvec_every_type_matches_reference(&gpu, &Variant::ALL));
 }
 
 #[test]
@@ -73,7 +75,7 @@ fn batched_matmul_matches_reference() {
 
 #[test]
 fn grouped_expert_matmul_reads_each_pairs_expert() {
-    pollster::block_on(common::matmul::grouped_expert_matmul_reads_each_pairs_expert(&gpu()));
+    pollster::block_on(common::matmul::grouped_expert_matmul_reads_each_pairs_expert(&gpu(), &ExpertTiles::NAMED.map(|(t, _)| t)));
 }
 
 #[test]

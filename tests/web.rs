@@ -192,7 +192,9 @@ async fn forward_pass_matches_llama_cpp_in_browser() {
 
 #[wasm_bindgen_test]
 async fn matvec_every_type_matches_reference() {
-    common::matvec::matvec_every_type_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
+    // the engine's variants only: the others are options of lingtab bench-kernels, which is native (tests/gpu.rs
+    // runs them all)
+    common::matvec::matvec_every_type_matches_reference(&Gpu::new().await.expect("WebGPU adapter"), &lingtab::gpu::matvec::Variant::ENGINE).await;
 }
 
 #[wasm_bindgen_test]
@@ -237,7 +239,8 @@ async fn batched_matmul_matches_reference() {
 
 #[wasm_bindgen_test]
 async fn grouped_expert_matmul_reads_each_pairs_expert() {
-    common::matmul::grouped_expert_matmul_reads_each_pairs_expert(&Gpu::new().await.expect("WebGPU adapter")).await;
+    // the engine's tiles only: the others are options of lingtab bench, which is native (tests/gpu.rs runs them all)
+    common::matmul::grouped_expert_matmul_reads_each_pairs_expert(&Gpu::new().await.expect("WebGPU adapter"), &lingtab::gpu::matmul::ExpertTiles::ENGINE).await;
 }
 
 #[wasm_bindgen_test]

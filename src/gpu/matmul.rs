@@ -4,7 +4,9 @@
 
 use super::matvec::{Matrix, PoolChunk};
 use super::{Gpu, Pass, P};
-use std::sync::OnceLock;
+use crate::quant::GgmlType;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 const QUANT: &str = include_str!("../../shaders/quant.wgsl");
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
@@ -65,11 +67,16 @@ pub enum ExpertTiles {
     /// Block tiles whose row's 4 invocations are neighbours: a subgroup reads 8 rows' neighbouring words at a time
     /// (`lingtab bench --expert-tiles blocks-near`, to compare).
     BlocksNear,
+    /// Block tiles of [`TALL_ROWS`] rows, each invocation two rows at the same columns: an input read from
+    /// workgroup memory serves both.
+    BlocksTall,
 }
 
 /// Pairs per entry of block tiles (`BLOCK_PAIRS` in the shader) and their rows (`BLOCK_ROWS`).
 pub const BLOCK_PAIRS: u32 = 16;
 pub const BLOCK_ROWS: u32 = 64;
+/// Rows of tall block tiles (`TALL_ROWS` in the shader).
+pub const TALL_ROWS: u32 = 128;
 
 impl ExpertTiles {
     /// Pairs per entry of the tile list ([`super::moe::group`] and [`experts`] take the same).
@@ -77,7 +84,7 @@ impl ExpertTiles {
         match self {
             ExpertTiles::Rows => ROW_TOKENS,
             ExpertTiles::Wide => TILE_TOKENS,
-            ExpertTiles::Blocks | ExpertTiles::BlocksNear => BLOCK_PAIRS,
+            ExpertTiles::Blocks | ExpertTiles::BlocksNear | ExpertTiles::BlocksTall => BLOCK_PAIRS,
         }
     }
 
@@ -87,12 +94,21 @@ impl ExpertTiles {
             ExpertTiles::Wide => ("matmul_experts", TILE_ROWS),
             ExpertTiles::Blocks => ("matmul_experts_blocks", BLOCK_ROWS),
             ExpertTiles::BlocksNear => ("matmul_experts_blocks_near", BLOCK_ROWS),
+            ExpertTiles::BlocksTall => ("matmul_experts_blocks_tall", TALL_ROWS),
         }
     }
 
     /// Every kind with its `lingtab bench --expert-tiles` name.
-    const NAMED: [(ExpertTiles, &'static str); 4] =
-        [(ExpertTiles::Rows, "rows"), (ExpertTiles::Wide, "wide"), (ExpertTiles::Blocks, "blocks"), (ExpertTiles::BlocksNear, "blocks-near")];
+    pub const NAMED: [(ExpertTiles, &'static str); 5] = [
+        (ExpertTiles::Rows, "rows"),
+        (ExpertTiles::Wide, "wide"),
+        (ExpertTiles::Blocks, "blocks"),
+        (ExpertTiles::BlocksNear, "blocks-near"),
+        (ExpertTiles::BlocksTall, "blocks-tall"),
+    ];
+
+    /// The kinds [`expert_tiles`] picks from (the others are `lingtab bench --expert-tiles` options).
+    pub const ENGINE: [ExpertTiles; 3] = [ExpertTiles::Rows, ExpertTiles::BlocksTall, ExpertTiles::Wide];
 
     pub fn parse(name: &str) -> Result<ExpertTiles, String> {
         Self::NAMED.iter().find(|(_, n)| *n == name).map(|(t, _)| *t).ok_or_else(|| {
@@ -112,24 +128,36 @@ pub fn set_expert_tiles(tiles: Option<ExpertTiles>) {
 }
 
 /// The expert tiles of a chunk of `tokens` tokens whose `pairs` (token, expert) pairs spread over `n_expert`
-/// experts: row tiles for a few tokens (no expert has more pairs than a row tile holds); block tiles while the
-/// experts average at most a block tile's pairs (each expert's weights are decoded once per entry, and block
-/// tiles' entries hold fewer pairs); else wide tiles. On the H200 at Flash's widths, block tiles prefilled a
-/// 512-token chunk 13 % faster than wide ones, and a 2048-token chunk (32 pairs an expert) 7 % slower.
+/// experts: row tiles for a few tokens (no expert has more pairs than a row tile holds); tall block tiles while
+/// the experts average at most two block tiles' pairs (each expert's weights are decoded once per entry, and
+/// block tiles' entries hold fewer pairs); else wide tiles. On the H100 at Flash's widths, tall block tiles
+/// prefilled a 512-token chunk (8 pairs an expert) 11 % faster than block tiles, which beat wide ones by 11 %,
+/// and a 2048-token chunk (32 pairs an expert) 4 % faster than wide tiles; longer chunks were not measured.
 pub fn expert_tiles(tokens: u32, pairs: u32, n_expert: u32) -> ExpertTiles {
     if tokens <= FEW_TOKENS {
         return ExpertTiles::Rows;
     }
     match EXPERT_TILES.load(std::sync::atomic::Ordering::Relaxed) {
-        0 if pairs <= BLOCK_PAIRS * n_expert => ExpertTiles::Blocks,
+        0 if pairs <= 2 * BLOCK_PAIRS * n_expert => ExpertTiles::BlocksTall,
         0 => ExpertTiles::Wide,
         v => ExpertTiles::NAMED[v as usize - 1].0,
     }
 }
 
-fn source() -> &'static str {
-    static S: OnceLock<String> = OnceLock::new();
-    S.get_or_init(|| format!("{QUANT}{MATMUL}"))
+/// The kernel `entry` for matrices of type `ty`: each type's kernels are built apart, with the type a constant
+/// (`TY` in place of `prm.ty`), so each keeps one type's code (as matvec.rs does).
+fn kernel(gpu: &Gpu, ty: GgmlType, entry: &str) -> std::rc::Rc<super::Kernel> {
+    gpu.kernel_with(&format!("{LABEL} {ty:?}"), entry, || source(ty))
+}
+
+fn source(ty: GgmlType) -> &'static str {
+    static S: OnceLock<Mutex<HashMap<u32, &'static str>>> = OnceLock::new();
+    let mut sources = S.get_or_init(Default::default).lock().unwrap();
+    sources.entry(ty.id()).or_insert_with(|| {
+        let typed = MATMUL.replace("prm.ty", "TY");
+        assert!(typed.len() < MATMUL.len(), "matmul.wgsl reads the type as prm.ty");
+        Box::leak(format!("{QUANT}\n// the matrices' ggml type\nconst TY: u32 = {}u;\n{typed}", ty.id()).into_boxed_str())
+    })
 }
 
 /// Where token t's vector sits: element `offset + t·stride`.
@@ -173,7 +201,7 @@ pub fn matmul_split(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, tok
 /// partial sums of a product's column slices, added in slice order.
 #[allow(clippy::too_many_arguments)]
 pub fn sum_slices(gpu: &Gpu, pass: &mut Pass, partials: &wgpu::Buffer, rows: u32, tokens: u32, slices: u32, y: &wgpu::Buffer, y_at: Rows) {
-    let sum = gpu.kernel(LABEL, source(), "matmul_sum_slices");
+    let sum = kernel(gpu, GgmlType::F32, "matmul_sum_slices");
     pass.dispatch(gpu, &sum, &[partials, y], &[P::U(rows), P::U(tokens), P::U(slices), P::U(y_at.offset), P::U(y_at.stride)], (rows * tokens).div_ceil(256));
 }
 
@@ -225,7 +253,7 @@ fn batched_rows(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, row_byt
     }
     let params = params(m, row_bytes, m.byte_offset, w_stride, x_at, x_batch, y_at, y_batch, tokens, [0; 5], 0);
     let grid = grid(m.rows, tokens, batch);
-    let kernel = gpu.kernel(LABEL, source(), grid.0);
+    let kernel = kernel(gpu, m.ty, grid.0);
     pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, grid.1);
 }
 
@@ -248,7 +276,7 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, tiles: E
         return;
     }
     let (entry, rows_per_tile) = tiles.kernel();
-    let kernel = gpu.kernel(LABEL, source(), entry);
+    let kernel = kernel(gpu, m.ty, entry);
     let experts = [chunk.slot_bytes as u32, chunk.slots_per_chunk, chunk.index, x_div, list_at];
     let params = params(m, m.row_bytes(), m.byte_offset, 0, x_at, 0, y_at, 0, 0, experts, 0);
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, groups], &params, (m.rows.div_ceil(rows_per_tile), max_tiles, 1));
@@ -294,9 +322,9 @@ pub fn matmul_by_column_slices(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, w_o
     if tokens == 0 || rows == 0 || slices == 0 {
         return;
     }
-    let m = Matrix { ty: crate::quant::GgmlType::F32, rows, cols, byte_offset: 4 * w_offset as u64 };
+    let m = Matrix { ty: GgmlType::F32, rows, cols, byte_offset: 4 * w_offset as u64 };
     let w_slice = 4 * cols as u64 * col_stride as u64;
     let params = params(m, 4, m.byte_offset, w_slice, x_at, cols, y_at, y_slice, tokens, [0; 5], col_stride);
     let (entry, grid) = tiles_for(rows, tokens, slices);
-    pass.dispatch_3d(gpu, &gpu.kernel(LABEL, source(), entry), &[w, x, y], &params, grid);
+    pass.dispatch_3d(gpu, &kernel(gpu, m.ty, entry), &[w, x, y], &params, grid);
 }

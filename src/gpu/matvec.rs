@@ -43,8 +43,11 @@ impl Variant {
     /// H100 (bench-kernels --variants all): 4 rows a lane group, one block at a time, only for a head-sized
     /// matrix; a KDA layer's stacked projections (20,512 rows) ran 20 % faster with one row a group.
     pub fn for_matrix(m: Matrix) -> Variant {
-        if m.rows >= 65536 { v(4, false, true, false) } else { v(1, false, false, false) }
+        if m.rows >= 65536 { Self::ENGINE[1] } else { Self::ENGINE[0] }
     }
+
+    /// The variants [`Variant::for_matrix`] picks from (the others are `lingtab bench-kernels` options).
+    pub const ENGINE: [Variant; 2] = [v(1, false, false, false), v(4, false, true, false)];
 
     pub fn name(self) -> String {
         format!("r{}{}{}{}", self.rows, if self.magic { "m" } else { "i" }, if self.narrow { "n" } else { "" }, if self.scalar_x { "s" } else { "" })
@@ -68,27 +71,34 @@ const X_VEC4: [&str; 3] = [
 
 /// How a product reads its x: as f32, as vec4 (every offset a multiple of 4), as the SwiGLU activation of
 /// [gate | up] pairs ([`GLU_MAX_COLS`] at most), or as its RMSNorm ([`NORM_MAX_COLS`] at most), the last two
-/// staged in workgroup memory.
+/// staged in workgroup memory of the given length (the product's columns rounded up to a whole workgroup's: a
+/// kernel holds no more than its matrices need, which on SwiftShader, the browser tests' CPU WebGPU, made the
+/// tiny model's SwiGLU products compile about 4× and run 2× faster than with room for the longest rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum XRead {
     Scalar,
     Vec4,
-    Glu,
-    Norm,
+    Glu(u32),
+    Norm(u32),
 }
 
-/// A variant, how x is read, subgroup lanes, the expert entry point.
-type SourceKey = (Variant, XRead, u32, bool);
+/// Floats of workgroup memory a product of `cols` columns stages its input in.
+fn staged_len(cols: u32) -> u32 {
+    cols.next_multiple_of(WORKGROUP)
+}
 
-/// The longest row a SwiGLU product takes (its activations staged in 8 KiB of workgroup memory).
+/// A variant, how x is read, subgroup lanes, the expert entry point, the matrices' ggml type id.
+type SourceKey = (Variant, XRead, u32, bool, u32);
+
+/// The longest row a SwiGLU product takes (its activations staged in 8 KiB of workgroup memory at most).
 pub const GLU_MAX_COLS: u32 = 2048;
 
 /// The WGSL of a variant's dense or expert entry point, with x read as `x_read` says and reductions shuffling
-/// across `subgroup` lanes (1: workgroup memory only). Built once each.
-fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool) -> &'static str {
+/// across `subgroup` lanes (1: workgroup memory only), for matrices of type `ty`. Built once each.
+fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType) -> &'static str {
     static S: OnceLock<Mutex<HashMap<SourceKey, &'static str>>> = OnceLock::new();
     let mut sources = S.get_or_init(Default::default).lock().unwrap();
-    sources.entry((v, x_read, subgroup, experts)).or_insert_with(|| {
+    sources.entry((v, x_read, subgroup, experts, ty.id())).or_insert_with(|| {
         let core = &MATVEC[..MATVEC.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
         let mut s = if experts { format!("{QUANT}{core}{EXPERTS}") } else { format!("{QUANT}{MATVEC}") };
         let mut swap = |from: &str, to: &str| {
@@ -97,6 +107,7 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool) -> &'static s
         };
         swap("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows));
         swap("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic));
+        swap("const TY: u32 = 12u;", &format!("const TY: u32 = {}u;", ty.id()));
         if subgroup > 1 {
             swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
             swap(SUBGROUP_SUM[1], SUBGROUP_SUM[2]);
@@ -108,18 +119,19 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool) -> &'static s
                     swap(from, to);
                 }
             }
-            XRead::Glu => {
+            XRead::Glu(len) => {
                 for (from, to) in X_SCALAR[1..].iter().zip(X_GLU) {
                     swap(from, to);
                 }
-                swap(STAGE_X, STAGE_GLU);
+                swap(STAGE_X, &STAGE_GLU.replace("2048u", &format!("{len}u")).replace("2048>", &format!("{len}>")));
             }
-            XRead::Norm => {
+            XRead::Norm(len) => {
                 assert!(!experts, "the RMSNorm variant is a dense product's");
                 for (from, to) in X_SCALAR[1..].iter().zip(X_NORMED) {
                     swap(from, to);
                 }
-                swap(STAGE_X, STAGE_NORM);
+                let held = len / WORKGROUP;
+                swap(STAGE_X, &STAGE_NORM.replace("3072", &len.to_string()).replace("NORM_HELD: u32 = 12u", &format!("NORM_HELD: u32 = {held}u")));
                 swap(DENSE_PARAMS, NORM_BINDINGS);
             }
         }
@@ -147,13 +159,13 @@ const NORM_BINDINGS: &str = "@group(0) @binding(3) var<storage, read> norm_w: ar
 @group(0) @binding(4) var<storage, read_write> norm_out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;";
 
-/// The longest row an RMSNorm product takes (its norm staged in 12 KiB of workgroup memory, beside a reduction
-/// of up to 4 KiB).
+/// The longest row an RMSNorm product takes (its norm staged in 12 KiB of workgroup memory at most, beside a
+/// reduction of up to 4 KiB).
 pub const NORM_MAX_COLS: u32 = 3072;
 
 /// rms_norm(x)·norm_w of the row at xb, computed as norm.wgsl's rms_norm computes it (each invocation's sum of
-/// squares over values lid + k·WG in order, then the same tree), staged in workgroup memory; the first
-/// workgroup writes it to norm_out as well.
+/// squares over values lid + k·WG in order, then the same tree), staged in workgroup memory (3072: the staged
+/// length, [`XRead::Norm`]'s, and NORM_HELD its multiple of WG); the first workgroup writes it to norm_out as well.
 const STAGE_NORM: &str = "var<workgroup> x_normed: array<f32, 3072>;
 const NORM_HELD: u32 = 12u;
 fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
@@ -185,7 +197,8 @@ fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
     workgroupBarrier();
     return 0u;
 }";
-/// The activations of the row's inputs, each computed once per workgroup as moe.wgsl's swiglu computes it.
+/// The activations of the row's inputs, each computed once per workgroup as moe.wgsl's swiglu computes it (2048:
+/// the staged length, [`XRead::Glu`]'s).
 const STAGE_GLU: &str = "var<workgroup> x_glu: array<f32, 2048>;
 fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
     for (var i = lid; i < min(p.cols, 2048u); i += WG) {
@@ -214,28 +227,30 @@ const SUBGROUP_SUM: [&str; 3] = [
 ];
 
 /// The kernel of a variant on this GPU.
-fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool) -> std::rc::Rc<super::Kernel> {
+fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool, ty: GgmlType) -> std::rc::Rc<super::Kernel> {
     // the narrow variants (the head's) reduce through workgroup memory: with subgroup shuffles the head ran 30 %
     // slower on the H100 (221 → 305 µs, two runs of bench-kernels) and 3 % faster on the H200
     let subgroup = if v.narrow { 1 } else { gpu.subgroup_lanes().unwrap_or(1) };
     let name = if experts { "matvec_experts" } else { "matvec" };
+    // (the label is the kernel's key in the GPU's cache: it names everything the source depends on)
     let read = match x_read {
-        XRead::Scalar => "",
-        XRead::Vec4 => " x4",
-        XRead::Glu => " glu",
-        XRead::Norm => " norm",
+        XRead::Scalar => String::new(),
+        XRead::Vec4 => " x4".into(),
+        XRead::Glu(len) => format!(" glu{len}"),
+        XRead::Norm(len) => format!(" norm{len}"),
     };
-    let label = format!("{name}.wgsl {}{read}{}", v.name(), if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
-    gpu.kernel_with(&label, name, || source(v, x_read, subgroup, experts))
+    let label = format!("{name}.wgsl {ty:?} {}{read}{}", v.name(), if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
+    gpu.kernel_with(&label, name, || source(v, x_read, subgroup, experts, ty))
 }
 
 /// How the product reads x: the SwiGLU activation of [gate | up] pairs, the RMSNorm of x, else as vec4 where
-/// every offset is a multiple of 4 floats and the buffer whole vec4s, else as f32.
-fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, input: Input) -> XRead {
+/// every offset is a multiple of 4 floats and the buffer whole vec4s, else as f32; for a product of `cols`
+/// columns.
+fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, input: Input, cols: u32) -> XRead {
     if matches!(input, Input::Glu(_)) {
-        XRead::Glu
+        XRead::Glu(staged_len(cols))
     } else if matches!(input, Input::Norm(_)) {
-        XRead::Norm
+        XRead::Norm(staged_len(cols))
     } else if !v.scalar_x && at.offset % 4 == 0 && at.stride % 4 == 0 && x.size() % 16 == 0 {
         XRead::Vec4
     } else {
@@ -346,7 +361,7 @@ pub fn matvec_norm(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &
 fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], input: Input) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     check_input(m, input);
-    let kernel = kernel(gpu, v, x_read(v, x, x_at, input), false);
+    let kernel = kernel(gpu, v, x_read(v, x, x_at, input, m.cols), false, m.ty);
     let mut params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0], accumulate);
     set_segments(&mut params, segments);
     set_input(&mut params, input);
@@ -454,7 +469,7 @@ fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Mat
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let input = glu.map_or(Input::Plain, Input::Glu);
     check_input(m, input);
-    let kernel = kernel(gpu, v, x_read(v, x, x_at, input), true);
+    let kernel = kernel(gpu, v, x_read(v, x, x_at, input, m.cols), true, m.ty);
     let mut params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index], false);
     set_input(&mut params, input);
     let (gx, gy) = gpu.grid(workgroups(m, v));

@@ -32,8 +32,10 @@ pub fn moe_sum_norm(gpu: &Gpu, pass: &mut Pass, expert_out: &wgpu::Buffer, sel: 
     pass.dispatch(gpu, &kernel, &[x, w, y, expert_out, sel, shared], &[P::U(n), P::U(n_used), P::F(eps)], 1);
 }
 
-/// Workgroups of the argmax's first stage (`PARTS` in the shader).
+/// Workgroups of the argmax's first stage at most (`PARTS` in the shader).
 const ARGMAX_PARTS: u64 = 256;
+/// Values per invocation the first stage's workgroups are counted for (below [`ARGMAX_PARTS`] of them).
+const ARGMAX_VALUES_EACH: u32 = 4;
 /// Bytes of the buffer [`argmax`] writes: the pick (2 words) and the first stage's partials.
 pub const ARGMAX_BYTES: u64 = 8 + 8 * ARGMAX_PARTS;
 
@@ -42,6 +44,7 @@ pub const ARGMAX_BYTES: u64 = 8 + 8 * ARGMAX_PARTS;
 pub fn argmax(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, n: u32, out: &wgpu::Buffer) {
     assert!(out.size() >= ARGMAX_BYTES, "the argmax needs {ARGMAX_BYTES} bytes, not {}", out.size());
     let kernel = gpu.kernel("argmax.wgsl", ARGMAX, "argmax");
-    pass.dispatch(gpu, &kernel, &[x, out], &[P::U(n), P::U(0)], ARGMAX_PARTS as u32);
-    pass.dispatch(gpu, &kernel, &[x, out], &[P::U(n), P::U(1)], 1);
+    let parts = n.div_ceil(256 * ARGMAX_VALUES_EACH).clamp(1, ARGMAX_PARTS as u32);
+    pass.dispatch(gpu, &kernel, &[x, out], &[P::U(n), P::U(0), P::U(parts)], parts);
+    pass.dispatch(gpu, &kernel, &[x, out], &[P::U(n), P::U(1), P::U(parts)], 1);
 }

@@ -134,20 +134,23 @@ pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
 /// alone. Over 70 tokens (wide tiles) the experts' pair counts (70: more than a tile, 1, 6, 12, 30, 18) give
 /// every column split of a tile; on row and block tiles (16 pairs an entry) an expert of 70 pairs takes 5 entries,
 /// and the others fill 1 to 4 of a block tile's groups of 4 pairs; over 16 (row tiles) they are 16, 1, 6 and 6,
-/// with one expert not in the pool. Block tiles also take a Q8_0 matrix whose 96 columns end inside a step.
-pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu) {
+/// with one expert not in the pool. Block tiles also take a Q8_0 matrix whose 96 columns end inside a step; in the
+/// tall ones' last tiles (of 200, 130 and 70 rows) some invocations have both their rows, some one, some none.
+/// Only the cases of the `kinds` given run.
+pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu, kinds: &[ExpertTiles]) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
     let k_quants = [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512)];
     let with_q8 = [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512), (GgmlType::Q8_0, 70, 96)];
-    let cases: [(usize, ExpertTiles, &[(GgmlType, usize, usize)]); 5] = [
+    let cases: [(usize, ExpertTiles, &[(GgmlType, usize, usize)]); 6] = [
         (70, ExpertTiles::Wide, &k_quants),
         (70, ExpertTiles::Rows, &k_quants),
         (70, ExpertTiles::Blocks, &with_q8),
         (70, ExpertTiles::BlocksNear, &with_q8),
+        (70, ExpertTiles::BlocksTall, &with_q8),
         (matmul::FEW_TOKENS as usize, ExpertTiles::Rows, &k_quants),
     ];
-    for (tokens, tiles, types) in cases {
+    for (tokens, tiles, types) in cases.into_iter().filter(|(_, tiles, _)| kinds.contains(tiles)) {
         for &(ty, rows, cols) in types {
             grouped_case(gpu, &mut rng, seed, ty, rows, cols, tokens, tiles).await;
         }
