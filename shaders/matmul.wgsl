@@ -17,14 +17,16 @@
 //                   tokens are pairs p = token·k + j from the list, reading x row p / x_div (at x_offset +
 //                   row·x_stride) and writing y row p (at y_offset + p·y_stride).
 //   matmul_experts_rows  the same with row tiles, for chunks of at most 16 tokens.
-//   matmul_experts_blocks  the same with block tiles (64 rows × 16 pairs, weights decoded into registers), for
-//                   chunks whose experts average at most 16 pairs; matmul_experts_blocks_near with a row's 4
-//                   invocations side by side; matmul_experts_blocks_tall with 128 rows, two per invocation.
+//   matmul_experts_blocks  the same with block tiles (64 rows × 16 pairs, weights decoded into registers);
+//                   matmul_experts_blocks_near with a row's 4 invocations side by side; matmul_experts_blocks_tall
+//                   with 128 rows, two per invocation (the engine's, for chunks whose experts average at most 32
+//                   pairs).
 //   matmul_sum_slices  y[y_offset + t·y_stride + r] = Σ_s partials[(s·tokens + t)·rows + r]: the column slices of
 //                   a product split to fill the GPU (the slices are batches of the entries above).
-// Prepended with quant.wgsl and the matrices' type TY (matmul.rs builds each type's kernels apart). Every write
-// is bounds-checked.
+// Prepended with quant.wgsl. Every write is bounds-checked.
 
+// the matrices' ggml type: matmul.rs builds each type's kernels apart (as matvec.rs does), each with one type's code
+const TY: u32 = 12u;
 const TILE_ROWS: u32 = 64u;
 const TILE_TOKENS: u32 = 64u;
 const STEP: u32 = 32u;
@@ -33,7 +35,7 @@ struct Params {
     rows: u32,
     cols: u32,
     row_bytes: u32,
-    // the type as filled in; the kernels read the constant TY that matmul.rs puts in place of prm.ty
+    // (the kernel's TY; matmul.rs fills it in all the same)
     ty: u32,
     w_offset: u32,
     w_stride: u32,
@@ -90,7 +92,7 @@ fn fetch_step(prm: Params, row_ok: bool, row: u32, loads: bool, x_base: u32, col
             f.w0 = vec4<u32>(weights[at], weights[at + cs], weights[at + 2u * cs], weights[at + 3u * cs]);
             f.w1 = vec4<u32>(weights[at + 4u * cs], weights[at + 5u * cs], weights[at + 6u * cs], weights[at + 7u * cs]);
         } else {
-            switch prm.ty {
+            switch TY {
                 case 12u: {
                     let block = row + (col / 256u) * 144u;
                     let s = (col % 256u) / 32u;
@@ -154,7 +156,7 @@ fn decode_fetched(prm: Params, f: Fetched, row_ok: bool, row: u32, col: u32) -> 
     var out: array<f32, 8>;
     if (!row_ok) { return out; }
     // f32 by columns or by rows: the fetch holds the values
-    let ty = select(prm.ty, TYPE_F32, prm.col_stride != 0u);
+    let ty = select(TY, TYPE_F32, prm.col_stride != 0u);
     switch ty {
         case 12u: { // Q4_K: 8 nibbles of one sub-block, one scale and min
             let s = (col % 256u) / 32u;
@@ -452,7 +454,7 @@ fn row_products(prm: Params, row_at: u32, row_ok: bool, x_base: u32, loads: bool
     // each step's weights and inputs are fetched during the step before (see fetch_step)
     var next_w: Fetched32;
     var next_x = vec4<f32>(0.0);
-    if (row_ok) { next_w = fetch32(prm.ty, row_at, 0u); }
+    if (row_ok) { next_w = fetch32(TY, row_at, 0u); }
     if (loads) { next_x = vec4<f32>(x[x_base + part], x[x_base + part + 1u], x[x_base + part + 2u], x[x_base + part + 3u]); }
     for (var k0 = 0u; k0 < prm.cols; k0 += STEP) {
         token_tile[load_token * 8u + part / 4u] = next_x;
@@ -460,14 +462,14 @@ fn row_products(prm: Params, row_at: u32, row_ok: bool, x_base: u32, loads: bool
         workgroupBarrier();
         let k1 = k0 + STEP;
         if (k1 < prm.cols) {
-            if (row_ok) { next_w = fetch32(prm.ty, row_at, k1); }
+            if (row_ok) { next_w = fetch32(TY, row_at, k1); }
             if (loads) {
                 let at = x_base + k1 + part;
                 next_x = vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]);
             }
         }
         if (row_ok) {
-            let w = decode_fetched32(prm.ty, fetched, row_at, k0);
+            let w = decode_fetched32(TY, fetched, row_at, k0);
             for (var n = 0u; n < ROW_TOKENS; n++) {
                 if (n < count) {
                     var sum = 0.0;
@@ -714,7 +716,7 @@ fn fetch_block(ty: u32, row: u32, j: u32, col: u32) -> FetchedBlock {
 // in [1] (zeros past the row's end), in ggml's arithmetic.
 fn decode_block(prm: Params, f: FetchedBlock, row: u32, j: u32, col: u32, s: u32) -> array<vec4<f32>, 2> {
     var w: array<vec4<f32>, 2>;
-    switch prm.ty {
+    switch TY {
         case 12u: { // Q4_K: sub-block 4·half + s; its low or high nibbles of 32-byte group s / 2
             let dm = q4_k_fetched_scale_min(f.a, ((col % 256u) / 128u) * 4u + s);
             let shift = (s % 2u) * 4u;
@@ -737,8 +739,8 @@ fn decode_block(prm: Params, f: FetchedBlock, row: u32, j: u32, col: u32, s: u32
         default: {
             let c0 = col + 32u * s + 4u * j;
             for (var n = 0u; n < 4u; n++) {
-                if (c0 + n < prm.cols) { w[0][n] = row_value(prm.ty, row, c0 + n); }
-                if (c0 + 16u + n < prm.cols) { w[1][n] = row_value(prm.ty, row, c0 + 16u + n); }
+                if (c0 + n < prm.cols) { w[0][n] = row_value(TY, row, c0 + n); }
+                if (c0 + 16u + n < prm.cols) { w[1][n] = row_value(TY, row, c0 + 16u + n); }
             }
         }
     }
@@ -810,7 +812,7 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
     }
     var acc: array<vec4<f32>, 4>;
     var next_w: FetchedBlock;
-    if (row_ok) { next_w = fetch_block(prm.ty, row_at, j, 0u); }
+    if (row_ok) { next_w = fetch_block(TY, row_at, j, 0u); }
     var next_x = block_step_inputs(prm, x_base, loads, part);
     for (var k0 = 0u; k0 < prm.cols; k0 += BLOCK_STEP) {
         x_tile[load_pair * 32u + part / 4u] = next_x[0];
@@ -819,7 +821,7 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
         workgroupBarrier();
         let k1 = k0 + BLOCK_STEP;
         if (k1 < prm.cols) {
-            if (row_ok) { next_w = fetch_block(prm.ty, row_at, j, k1); }
+            if (row_ok) { next_w = fetch_block(TY, row_at, j, k1); }
             next_x = block_step_inputs(prm, x_base, loads, k1 + part);
         }
         if (row_ok) {
@@ -903,8 +905,8 @@ fn matmul_experts_blocks_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
     var acc_b: array<vec4<f32>, 4>;
     var next_a: FetchedBlock;
     var next_b: FetchedBlock;
-    if (a_ok) { next_a = fetch_block(prm.ty, at_a, j, 0u); }
-    if (b_ok) { next_b = fetch_block(prm.ty, at_b, j, 0u); }
+    if (a_ok) { next_a = fetch_block(TY, at_a, j, 0u); }
+    if (b_ok) { next_b = fetch_block(TY, at_b, j, 0u); }
     var next_x = block_step_inputs(prm, x_base, loads, part);
     for (var k0 = 0u; k0 < prm.cols; k0 += BLOCK_STEP) {
         x_tile[load_pair * 32u + part / 4u] = next_x[0];
@@ -914,8 +916,8 @@ fn matmul_experts_blocks_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
         workgroupBarrier();
         let k1 = k0 + BLOCK_STEP;
         if (k1 < prm.cols) {
-            if (a_ok) { next_a = fetch_block(prm.ty, at_a, j, k1); }
-            if (b_ok) { next_b = fetch_block(prm.ty, at_b, j, k1); }
+            if (a_ok) { next_a = fetch_block(TY, at_a, j, k1); }
+            if (b_ok) { next_b = fetch_block(TY, at_b, j, k1); }
             next_x = block_step_inputs(prm, x_base, loads, k1 + part);
         }
         if (a_ok) {

@@ -144,8 +144,8 @@ pub fn expert_tiles(tokens: u32, pairs: u32, n_expert: u32) -> ExpertTiles {
     }
 }
 
-/// The kernel `entry` for matrices of type `ty`: each type's kernels are built apart, with the type a constant
-/// (`TY` in place of `prm.ty`), so each keeps one type's code (as matvec.rs does).
+/// The kernel `entry` for matrices of type `ty`: each type's kernels are built apart, with the type the shader's
+/// constant `TY`, so each keeps one type's code (as matvec.rs does).
 fn kernel(gpu: &Gpu, ty: GgmlType, entry: &str) -> std::rc::Rc<super::Kernel> {
     gpu.kernel_with(&format!("{LABEL} {ty:?}"), entry, || source(ty))
 }
@@ -154,9 +154,10 @@ fn source(ty: GgmlType) -> &'static str {
     static S: OnceLock<Mutex<HashMap<u32, &'static str>>> = OnceLock::new();
     let mut sources = S.get_or_init(Default::default).lock().unwrap();
     sources.entry(ty.id()).or_insert_with(|| {
-        let typed = MATMUL.replace("prm.ty", "TY");
-        assert!(typed.len() < MATMUL.len(), "matmul.wgsl reads the type as prm.ty");
-        Box::leak(format!("{QUANT}\n// the matrices' ggml type\nconst TY: u32 = {}u;\n{typed}", ty.id()).into_boxed_str())
+        const DEFAULT_TY: &str = "const TY: u32 = 12u;";
+        assert!(MATMUL.contains(DEFAULT_TY), "matmul.wgsl has {DEFAULT_TY:?}");
+        let typed = MATMUL.replacen(DEFAULT_TY, &format!("const TY: u32 = {}u;", ty.id()), 1);
+        Box::leak(format!("{QUANT}{typed}").into_boxed_str())
     })
 }
 

@@ -123,15 +123,16 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
                 for (from, to) in X_SCALAR[1..].iter().zip(X_GLU) {
                     swap(from, to);
                 }
-                swap(STAGE_X, &STAGE_GLU.replace("2048u", &format!("{len}u")).replace("2048>", &format!("{len}>")));
+                swap(STAGE_X, STAGE_GLU);
+                swap("const GLU_LEN: u32 = 2048u;", &format!("const GLU_LEN: u32 = {len}u;"));
             }
             XRead::Norm(len) => {
                 assert!(!experts, "the RMSNorm variant is a dense product's");
                 for (from, to) in X_SCALAR[1..].iter().zip(X_NORMED) {
                     swap(from, to);
                 }
-                let held = len / WORKGROUP;
-                swap(STAGE_X, &STAGE_NORM.replace("3072", &len.to_string()).replace("NORM_HELD: u32 = 12u", &format!("NORM_HELD: u32 = {held}u")));
+                swap(STAGE_X, STAGE_NORM);
+                swap("const NORM_LEN: u32 = 3072u;", &format!("const NORM_LEN: u32 = {len}u;"));
                 swap(DENSE_PARAMS, NORM_BINDINGS);
             }
         }
@@ -164,12 +165,13 @@ const NORM_BINDINGS: &str = "@group(0) @binding(3) var<storage, read> norm_w: ar
 pub const NORM_MAX_COLS: u32 = 3072;
 
 /// rms_norm(x)·norm_w of the row at xb, computed as norm.wgsl's rms_norm computes it (each invocation's sum of
-/// squares over values lid + k·WG in order, then the same tree), staged in workgroup memory (3072: the staged
-/// length, [`XRead::Norm`]'s, and NORM_HELD its multiple of WG); the first workgroup writes it to norm_out as well.
-const STAGE_NORM: &str = "var<workgroup> x_normed: array<f32, 3072>;
-const NORM_HELD: u32 = 12u;
+/// squares over values lid + k·WG in order, then the same tree), staged in workgroup memory (NORM_LEN: the staged
+/// length, [`XRead::Norm`]'s); the first workgroup writes it to norm_out as well.
+const STAGE_NORM: &str = "const NORM_LEN: u32 = 3072u;
+const NORM_HELD: u32 = NORM_LEN / WG;
+var<workgroup> x_normed: array<f32, NORM_LEN>;
 fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
-    let n = min(p.cols, 3072u);
+    let n = min(p.cols, NORM_LEN);
     var acc = 0.0;
     for (var k = 0u; k < NORM_HELD; k++) {
         let i = lid + k * WG;
@@ -197,11 +199,12 @@ fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
     workgroupBarrier();
     return 0u;
 }";
-/// The activations of the row's inputs, each computed once per workgroup as moe.wgsl's swiglu computes it (2048:
+/// The activations of the row's inputs, each computed once per workgroup as moe.wgsl's swiglu computes it (GLU_LEN:
 /// the staged length, [`XRead::Glu`]'s).
-const STAGE_GLU: &str = "var<workgroup> x_glu: array<f32, 2048>;
+const STAGE_GLU: &str = "const GLU_LEN: u32 = 2048u;
+var<workgroup> x_glu: array<f32, GLU_LEN>;
 fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
-    for (var i = lid; i < min(p.cols, 2048u); i += WG) {
+    for (var i = lid; i < min(p.cols, GLU_LEN); i += WG) {
         let g = x[xb + i];
         var up = x[xb + p.glu_ff + i];
         var silu = g / (1.0 + exp(-g));
