@@ -41,6 +41,20 @@ fn logits_match_llama_cpp_f32_twin_on_every_fixture_case() {
     }
 }
 
+/// A GPU's products (a group of lanes a row, reduced behind barriers) give llama.cpp's logits as well: the other
+/// tests here run on a CPU adapter, whose products take one invocation a row ([`Gpu::whole_rows`]).
+#[test]
+fn a_gpus_products_match_llama_cpp_f32_twin() {
+    let mut engine = engine(&EngineOptions::default());
+    engine.gpu.set_whole_rows(false);
+    // one token, and 21 through KDA, MLA and MoE layers, each with its greedy continuation
+    for case in cases().into_iter().take(2) {
+        let (max_abs, rms, _) = pollster::block_on(forward::check_logits(&mut engine, &case));
+        let greedy = pollster::block_on(forward::check_greedy(&mut engine, &case, 8));
+        eprintln!("{:<13} a GPU's products: max |Δ| {max_abs:.2e}, rms {rms:.2e}; greedy equal for {greedy} steps", case.id);
+    }
+}
+
 #[test]
 fn forced_small_binding_limit_gives_the_same_logits() {
     let tokens = [2949u32, 3536, 786, 0, 571, 2730];

@@ -272,7 +272,7 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
         let variants: Vec<(Option<matvec::Variant>, bool)> = variants.into_iter().flat_map(|v| subgroups.iter().map(move |&sg| (v, sg))).collect();
         let lanes = gpu.subgroup_lanes();
         let name_of = |(v, sg): (Option<matvec::Variant>, bool), m: Matrix| {
-            let name = v.map(|v| v.name()).unwrap_or_else(|| format!("{}*", matvec::Variant::for_matrix(m).name()));
+            let name = v.map(|v| v.name()).unwrap_or_else(|| format!("{}*", matvec::Variant::for_matrix(&gpu, m).name()));
             match (sg, lanes) {
                 (true, Some(l)) => format!("{name} sg{l}"),
                 _ => name,
@@ -307,7 +307,7 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
                 let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
                     for (&(first, rows), w) in pieces.iter().zip(&buffers) {
                         let m = Matrix { rows, byte_offset: (i as u64 % copies) * stride, ..m };
-                        let v = v.unwrap_or(matvec::Variant::for_matrix(m));
+                        let v = v.unwrap_or(matvec::Variant::for_matrix(&gpu, m));
                         matvec::batched_as(v, &gpu, pass, w, m, 0, &x, Strided::at(0), &y, Strided::at(first), 1);
                     }
                 })
@@ -335,7 +335,7 @@ pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
                 gpu.set_subgroups(sg);
                 let secs = time_passes(&gpu, args.reps, &y, |pass, i| {
                     let sel = &sels[i as usize % sels.len()];
-                    let v = v.unwrap_or(matvec::Variant::for_matrix(m));
+                    let v = v.unwrap_or(matvec::Variant::for_matrix(&gpu, m));
                     matvec::experts_as(v, &gpu, pass, chunk, m, sel, &table, 0, k, &x, Strided { offset: 0, stride: x_stride }, &y, Strided { offset: 0, stride: y_stride });
                 })
                 .await?;

@@ -13,21 +13,27 @@ const DENSE_MARKER: &str = "// ---- dense entry point";
 
 /// How the kernel is specialised (compile-time constants of matvec.wgsl): rows per lane group, whether quants
 /// become f32 through exponent bits (`magic`) or an integer conversion, Q4_K/Q6_K rows one block at a time
-/// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4.
+/// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4, and
+/// each row by one invocation with no barrier (`whole_rows`, for CPU adapters) instead of a group of lanes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub rows: u32,
     pub magic: bool,
     pub narrow: bool,
     pub scalar_x: bool,
+    pub whole_rows: bool,
 }
 
 const fn v(rows: u32, magic: bool, narrow: bool, scalar_x: bool) -> Variant {
-    Variant { rows, magic, narrow, scalar_x }
+    Variant { rows, magic, narrow, scalar_x, whole_rows: false }
+}
+
+const fn whole(rows: u32) -> Variant {
+    Variant { rows, magic: false, narrow: false, scalar_x: false, whole_rows: true }
 }
 
 impl Variant {
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 10] = [
         v(1, false, false, false),
         v(2, false, false, false),
         v(4, false, false, false),
@@ -37,20 +43,43 @@ impl Variant {
         v(2, false, true, false),
         v(4, false, true, false),
         v(4, false, false, true),
+        whole(1),
     ];
 
     /// The variant [`matvec`], [`batched`] and [`experts`] use for a matrix: the fastest measured on the H200 and
     /// H100 (bench-kernels --variants all): 4 rows a lane group, one block at a time, only for a head-sized
     /// matrix; a KDA layer's stacked projections (20,512 rows) ran 20 % faster with one row a group.
-    pub fn for_matrix(m: Matrix) -> Variant {
-        if m.rows >= 65536 { Self::ENGINE[1] } else { Self::ENGINE[0] }
+    /// On a CPU adapter (SwiftShader, lavapipe) every matrix takes whole rows: there a kernel without barriers
+    /// runs its invocations straight through, and the tiny model's decode step took SwiftShader about a third
+    /// of the time (0.8 s → 0.22–0.28 s, native bench on Chromium's SwiftShader).
+    pub fn for_matrix(gpu: &Gpu, m: Matrix) -> Variant {
+        if gpu.whole_rows() {
+            Self::ENGINE[2]
+        } else if m.rows >= 65536 {
+            Self::ENGINE[1]
+        } else {
+            Self::ENGINE[0]
+        }
     }
 
     /// The variants [`Variant::for_matrix`] picks from (the others are `lingtab bench-kernels` options).
-    pub const ENGINE: [Variant; 2] = [v(1, false, false, false), v(4, false, true, false)];
+    pub const ENGINE: [Variant; 3] = [v(1, false, false, false), v(4, false, true, false), whole(1)];
 
     pub fn name(self) -> String {
-        format!("r{}{}{}{}", self.rows, if self.magic { "m" } else { "i" }, if self.narrow { "n" } else { "" }, if self.scalar_x { "s" } else { "" })
+        format!(
+            "r{}{}{}{}{}",
+            self.rows,
+            if self.magic { "m" } else { "i" },
+            if self.narrow { "n" } else { "" },
+            if self.scalar_x { "s" } else { "" },
+            if self.whole_rows { "w" } else { "" }
+        )
+    }
+
+    /// This variant with a group of lanes a row: what an RMSNorm product takes (its norm is staged by the
+    /// workgroup, behind barriers).
+    fn in_lanes(self) -> Variant {
+        Variant { whole_rows: false, ..self }
     }
 
     pub fn parse(s: &str) -> Option<Variant> {
@@ -112,10 +141,22 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
             swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
             swap(SUBGROUP_SUM[1], SUBGROUP_SUM[2]);
         }
+        if v.whole_rows {
+            swap(BLOCK_LOOP[0], BLOCK_LOOP[1]);
+            swap(LANES_SUM, "");
+            if experts {
+                swap(EXPERT_SLOT, "let slot = slots[p.slot_base + sel[j]];");
+            }
+        }
         match x_read {
             XRead::Scalar => {}
             XRead::Vec4 => {
                 for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
+                    swap(from, to);
+                }
+            }
+            XRead::Glu(_) if v.whole_rows => {
+                for (from, to) in X_SCALAR[1..].iter().zip(X_GLU_DIRECT) {
                     swap(from, to);
                 }
             }
@@ -146,7 +187,63 @@ const X_GLU: [&str; 2] = [
     "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x_glu[i], x_glu[i + 1u], x_glu[i + 2u], x_glu[i + 3u]); }",
 ];
 
+/// x1/x4 of a whole-rows SwiGLU variant: the activations computed as read (STAGE_GLU's, in its order), each
+/// invocation reading its whole row's.
+const X_GLU_DIRECT: [&str; 2] = [
+    "fn glu_act(g: f32, u: f32) -> f32 {
+    var up = u;
+    var silu = g / (1.0 + exp(-g));
+    if (p.glu_limit > 1e-6) {
+        silu = min(silu, p.glu_limit);
+        up = clamp(up, -p.glu_limit, p.glu_limit);
+    }
+    return silu * up;
+}
+fn x1(i: u32) -> f32 { return glu_act(x[i], x[i + p.glu_ff]); }",
+    "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x1(i), x1(i + 1u), x1(i + 2u), x1(i + 3u)); }",
+];
+
 const STAGE_X: &str = "fn stage_x(xb: u32, lid: u32, first: bool) -> u32 { return xb; }";
+
+/// matvec.wgsl's sum of a row's lanes, which the whole-rows variants (one invocation a row: nothing to add) do
+/// without: on SwiftShader, the browser tests' CPU WebGPU, a kernel with any barrier runs its invocations as
+/// coroutines, and the tiny model's products ran 3 to 4 times slower for it. (Swapped out as text: with the sum
+/// moved into a function for both, the head's product took 234 µs instead of 182 on the H100.)
+const LANES_SUM: &str = "    // the lanes of a group summed: `shuffled` neighbours by subgroup shuffles, the rest through workgroup memory
+    let shuffled = max(min(p.lanes, SUBGROUP), 1u);
+    for (var r = 0u; r < ROWS; r++) { acc[r] = subgroup_sum(acc[r], shuffled); }
+    if (shuffled < p.lanes) {
+        for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] = acc[r]; }
+        workgroupBarrier();
+        for (var s = p.lanes / 2u; s >= shuffled; s >>= 1u) {
+            if (lane < s) {
+                for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] += partial[r * WG + lid + s]; }
+            }
+            workgroupBarrier();
+        }
+        for (var r = 0u; r < ROWS; r++) { acc[r] = partial[r * WG + lid]; }
+    }
+";
+
+/// The Q4_K/Q6_K loop of matvec.wgsl (lane t of 16 or 32 on one block's part t at a time) and the whole-rows
+/// variants' (one invocation through every part of every block). The lanes' loop kept apart: with a loop over
+/// parts for both, the head's product took 216 µs instead of 182 on the H100.
+const BLOCK_LOOP: [&str; 2] = [
+    "let t = lane % 16u;
+            let side = max(p.lanes / 16u, 1u); // never 0: every loop must end (kernel.rs)
+            let block_bytes = select(144u, 210u, TY == 14u);
+            for (var blk = lane / 16u; blk < p.cols / 256u; blk += side) {",
+    "let block_bytes = select(144u, 210u, TY == 14u);
+            for (var part = 0u; part < 16u * (p.cols / 256u); part++) {
+                let blk = part / 16u;
+                let t = part % 16u;",
+];
+
+/// How matvec_experts.wgsl reads the selected expert's slot: once for the workgroup (uniform for rows_dot's
+/// barriers); the whole-rows variant, without barriers, reads it in every invocation.
+const EXPERT_SLOT: &str = "if (lid == 0u) { selected_slot = slots[p.slot_base + sel[j]]; }
+    // one load for the workgroup, and uniform control flow for the barriers in rows_dot
+    let slot = workgroupUniformLoad(&selected_slot);";
 
 /// x1/x4 of an RMSNorm variant: the staged norm.
 const X_NORMED: [&str; 2] = [
@@ -325,13 +422,13 @@ pub fn matvec(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu:
 /// one dispatch (y must not overlap x).
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_add(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer, y_at: u32) {
-    dense(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, true);
+    dense(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, true);
 }
 
 /// `n` products: matrix b at `m.byte_offset + b·w_stride` bytes, its x and y at their strided offsets.
 #[allow(clippy::too_many_arguments)]
 pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
-    batched_as(Variant::for_matrix(m), gpu, pass, w, m, w_stride, x, x_at, y, y_at, n);
+    batched_as(Variant::for_matrix(gpu, m), gpu, pass, w, m, w_stride, x, x_at, y, y_at, n);
 }
 
 /// [`batched`] with a given kernel variant.
@@ -350,19 +447,20 @@ fn dense(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_
 /// `m.cols` ≤ [`GLU_MAX_COLS`].
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_glu(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, glu: Glu, y: &wgpu::Buffer, y_at: u32, accumulate: bool) {
-    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, accumulate, &[], Input::Glu(glu));
+    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, accumulate, &[], Input::Glu(glu));
 }
 
 /// [`matvec`] of x's RMSNorm ([`Norm`]), which the product also leaves in `norm.out`. `m.cols` ≤
 /// [`NORM_MAX_COLS`].
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_norm(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, norm: Norm, y: &wgpu::Buffer, y_at: u32) {
-    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, false, &[], Input::Norm(norm));
+    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, false, &[], Input::Norm(norm));
 }
 
 #[allow(clippy::too_many_arguments)]
 fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], input: Input) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
+    let v = if matches!(input, Input::Norm(_)) { v.in_lanes() } else { v };
     check_input(m, input);
     let kernel = kernel(gpu, v, x_read(v, x, x_at, input, m.cols), false, m.ty);
     let mut params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0], accumulate);
@@ -404,7 +502,7 @@ pub const MAX_SEGMENTS: usize = 8;
 pub fn stacked(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, segments: &[Segment], x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer) {
     assert!(!segments.is_empty() && segments.len() <= MAX_SEGMENTS, "a stack holds 1..={MAX_SEGMENTS} matrices");
     assert!(segments[0].first_row == 0 && segments.windows(2).all(|s| s[0].first_row < s[1].first_row) && segments.last().unwrap().first_row < m.rows, "segments ascend from row 0 within the stack");
-    dense_segments(Variant::for_matrix(m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(0), 1, false, segments, Input::Plain);
+    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(0), 1, false, segments, Input::Plain);
 }
 
 /// The segment words of matvec.wgsl's Params (count, then 8 starts and 8 y offsets); none for a plain product.
@@ -451,7 +549,7 @@ pub struct PoolChunk<'a> {
 /// Only experts whose slot lies in `chunk` are computed; call once per pool buffer.
 #[allow(clippy::too_many_arguments)]
 pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided) {
-    experts_as(Variant::for_matrix(m), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, y, y_at);
+    experts_as(Variant::for_matrix(gpu, m), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, y, y_at);
 }
 
 /// [`experts`] with a given kernel variant.
@@ -464,7 +562,7 @@ pub fn experts_as(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: M
 /// `glu.ff` floats on ([`Glu`]); the experts' down products without a swiglu dispatch before them.
 #[allow(clippy::too_many_arguments)]
 pub fn experts_glu(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, glu: Glu, y: &wgpu::Buffer, y_at: Strided) {
-    experts_with(Variant::for_matrix(m), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, Some(glu), y, y_at);
+    experts_with(Variant::for_matrix(gpu, m), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, Some(glu), y, y_at);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -482,6 +580,9 @@ fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Mat
 /// Invocations per row: for Q4_K and Q6_K 16 per block, two blocks side by side when the row has an even
 /// number of them or at least 4 (so the lanes finish together); otherwise one per 32-value sub-block (4..32).
 fn lanes(m: Matrix, v: Variant) -> u32 {
+    if v.whole_rows {
+        return 1;
+    }
     match m.ty {
         GgmlType::Q4_K | GgmlType::Q6_K => {
             let blocks = m.cols / 256;

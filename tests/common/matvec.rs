@@ -71,26 +71,31 @@ pub async fn matvec_add_adds_the_product_to_y(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
     let rows = 70;
-    for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 160), (GgmlType::F32, 96)] {
-        let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
-        let w_buf = gpu.upload("w", &bytes);
-        let x = rng.normals(cols, 1.0);
-        let x_buf = gpu.upload("x", &f32_bytes(&x));
-        let y0 = rng.normals(rows + 3, 1.0);
-        let plain = poisoned(gpu, "plain", rows + 3);
-        let added = gpu.upload("added", &f32_bytes(&y0));
-        let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
-        let mut pass = Pass::new();
-        matvec::matvec(gpu, &mut pass, &w_buf, m, &x_buf, 0, &plain, 3);
-        matvec::matvec_add(gpu, &mut pass, &w_buf, m, &x_buf, 0, &added, 3);
-        pass.submit(gpu);
-        let (plain, added) = (read_f32(gpu, &plain, rows + 3).await, read_f32(gpu, &added, rows + 3).await);
-        check(&format!("{ty}×{cols} (seed {seed})"), &plain[3..], &w, &x, rows, cols);
-        assert_eq!(added[..3], y0[..3], "{ty}: wrote before y_at");
-        for r in 0..rows {
-            assert_eq!(added[3 + r], y0[3 + r] + plain[3 + r], "{ty}×{cols} row {r}: y + W·x (seed {seed})");
+    // the CPU adapters' kernels (one invocation a row) and a GPU's (a group of lanes a row)
+    for whole_rows in [true, false] {
+        gpu.set_whole_rows(whole_rows);
+        for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 160), (GgmlType::F32, 96)] {
+            let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+            let w_buf = gpu.upload("w", &bytes);
+            let x = rng.normals(cols, 1.0);
+            let x_buf = gpu.upload("x", &f32_bytes(&x));
+            let y0 = rng.normals(rows + 3, 1.0);
+            let plain = poisoned(gpu, "plain", rows + 3);
+            let added = gpu.upload("added", &f32_bytes(&y0));
+            let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
+            let mut pass = Pass::new();
+            matvec::matvec(gpu, &mut pass, &w_buf, m, &x_buf, 0, &plain, 3);
+            matvec::matvec_add(gpu, &mut pass, &w_buf, m, &x_buf, 0, &added, 3);
+            pass.submit(gpu);
+            let (plain, added) = (read_f32(gpu, &plain, rows + 3).await, read_f32(gpu, &added, rows + 3).await);
+            check(&format!("{ty}×{cols} (seed {seed})"), &plain[3..], &w, &x, rows, cols);
+            assert_eq!(added[..3], y0[..3], "{ty}: wrote before y_at");
+            for r in 0..rows {
+                assert_eq!(added[3 + r], y0[3 + r] + plain[3 + r], "{ty}×{cols} row {r}: y + W·x (seed {seed})");
+            }
         }
     }
+    gpu.set_whole_rows(true);
 }
 
 /// Stacked matrices (a KDA layer's projections): one dispatch writes each member's rows to its own place in y,
@@ -98,40 +103,45 @@ pub async fn matvec_add_adds_the_product_to_y(gpu: &Gpu) {
 pub async fn stacked_matvec_matches_each_product(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
-    for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 160), (GgmlType::F32, 96)] {
-        // (rows, where they go in y): a one-row member, members written in another order than they are stacked,
-        // the last ending before y does
-        let members = [(37usize, 200usize), (1, 5), (64, 100), (8, 300), (3, 0)];
-        let y_len = 320;
-        let mut stack = Vec::new();
-        let mut matrices = Vec::new();
-        let mut segments = Vec::new();
-        let mut row = 0u32;
-        for &(rows, y_at) in &members {
-            let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
-            segments.push(matvec::Segment { first_row: row, y_at: y_at as u32 });
-            stack.extend_from_slice(&bytes);
-            matrices.push(w);
-            row += rows as u32;
-        }
-        let w_buf = gpu.upload("stack", &stack);
-        let x = rng.normals(cols + 4, 1.0);
-        let x_buf = gpu.upload("x", &f32_bytes(&x));
-        let y_buf = poisoned(gpu, "y", y_len);
-        let m = Matrix { ty, rows: row, cols: cols as u32, byte_offset: 0 };
-        let mut pass = Pass::new();
-        matvec::stacked(gpu, &mut pass, &w_buf, m, &segments, &x_buf, 4, &y_buf);
-        pass.submit(gpu);
-        let y = read_f32(gpu, &y_buf, y_len).await;
-        let mut written = vec![false; y_len];
-        for (i, &(rows, y_at)) in members.iter().enumerate() {
-            check(&format!("{ty}×{cols} member {i} (seed {seed})"), &y[y_at..y_at + rows], &matrices[i], &x[4..], rows, cols);
-            written[y_at..y_at + rows].iter_mut().for_each(|w| *w = true);
-        }
-        for (i, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
-            assert!(y[i].is_nan(), "{ty}: y[{i}] belongs to no member but was written");
+    // the CPU adapters' kernels (one invocation a row) and a GPU's (a group of lanes a row)
+    for whole_rows in [true, false] {
+        gpu.set_whole_rows(whole_rows);
+        for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 160), (GgmlType::F32, 96)] {
+            // (rows, where they go in y): a one-row member, members written in another order than they are stacked,
+            // the last ending before y does
+            let members = [(37usize, 200usize), (1, 5), (64, 100), (8, 300), (3, 0)];
+            let y_len = 320;
+            let mut stack = Vec::new();
+            let mut matrices = Vec::new();
+            let mut segments = Vec::new();
+            let mut row = 0u32;
+            for &(rows, y_at) in &members {
+                let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+                segments.push(matvec::Segment { first_row: row, y_at: y_at as u32 });
+                stack.extend_from_slice(&bytes);
+                matrices.push(w);
+                row += rows as u32;
+            }
+            let w_buf = gpu.upload("stack", &stack);
+            let x = rng.normals(cols + 4, 1.0);
+            let x_buf = gpu.upload("x", &f32_bytes(&x));
+            let y_buf = poisoned(gpu, "y", y_len);
+            let m = Matrix { ty, rows: row, cols: cols as u32, byte_offset: 0 };
+            let mut pass = Pass::new();
+            matvec::stacked(gpu, &mut pass, &w_buf, m, &segments, &x_buf, 4, &y_buf);
+            pass.submit(gpu);
+            let y = read_f32(gpu, &y_buf, y_len).await;
+            let mut written = vec![false; y_len];
+            for (i, &(rows, y_at)) in members.iter().enumerate() {
+                check(&format!("{ty}×{cols} member {i} (seed {seed})"), &y[y_at..y_at + rows], &matrices[i], &x[4..], rows, cols);
+                written[y_at..y_at + rows].iter_mut().for_each(|w| *w = true);
+            }
+            for (i, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
+                assert!(y[i].is_nan(), "{ty}: y[{i}] belongs to no member but was written");
+            }
         }
     }
+    gpu.set_whole_rows(true);
 }
 
 /// Per-head products like MLA's absorbed k_b: matrix b at a byte stride, x and y strided.
@@ -241,38 +251,43 @@ pub async fn swiglu_products_match_activation_then_product(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
     let rows = 70;
-    for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 512), (GgmlType::Q8_0, 96), (GgmlType::Q4_K, matvec::GLU_MAX_COLS as usize)] {
-        for limit in [0.0f32, 1.5] {
-            let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
-            let w_buf = gpu.upload("w", &bytes);
-            // [gate | up] after other values, as the FFN's products leave them
-            let lead = 4;
-            let gu = rng.normals(lead + 2 * cols, 1.5);
-            let act = swiglu(&gu[lead..lead + cols], &gu[lead + cols..], limit);
-            let gu_buf = gpu.upload("gate|up", &f32_bytes(&gu));
-            let y0 = rng.normals(rows + 3, 1.0);
-            let (written, added) = (poisoned(gpu, "written", rows + 3), gpu.upload("added", &f32_bytes(&y0)));
-            let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
-            let glu = matvec::Glu { ff: cols as u32, limit };
-            let mut pass = Pass::new();
-            matvec::matvec_glu(gpu, &mut pass, &w_buf, m, &gu_buf, lead as u32, glu, &written, 3, false);
-            matvec::matvec_glu(gpu, &mut pass, &w_buf, m, &gu_buf, lead as u32, glu, &added, 3, true);
-            pass.submit(gpu);
-            let (written, added) = (read_f32(gpu, &written, rows + 3).await, read_f32(gpu, &added, rows + 3).await);
-            let what = format!("{ty}×{cols} limit {limit} (seed {seed})");
-            assert!(written[..3].iter().all(|v| v.is_nan()), "{what}: wrote before y_at");
-            check(&what, &written[3..], &w, &act, rows, cols);
-            assert_eq!(added[..3], y0[..3], "{what}: wrote before y_at");
-            for r in 0..rows {
-                assert_eq!(added[3 + r], y0[3 + r] + written[3 + r], "{what} row {r}: y + W·a(gu)");
+    // the CPU adapters' kernels (one invocation a row) and a GPU's (a group of lanes a row)
+    for whole_rows in [true, false] {
+        gpu.set_whole_rows(whole_rows);
+        for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 512), (GgmlType::Q8_0, 96), (GgmlType::Q4_K, matvec::GLU_MAX_COLS as usize)] {
+            for limit in [0.0f32, 1.5] {
+                let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
+                let w_buf = gpu.upload("w", &bytes);
+                // [gate | up] after other values, as the FFN's products leave them
+                let lead = 4;
+                let gu = rng.normals(lead + 2 * cols, 1.5);
+                let act = swiglu(&gu[lead..lead + cols], &gu[lead + cols..], limit);
+                let gu_buf = gpu.upload("gate|up", &f32_bytes(&gu));
+                let y0 = rng.normals(rows + 3, 1.0);
+                let (written, added) = (poisoned(gpu, "written", rows + 3), gpu.upload("added", &f32_bytes(&y0)));
+                let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
+                let glu = matvec::Glu { ff: cols as u32, limit };
+                let mut pass = Pass::new();
+                matvec::matvec_glu(gpu, &mut pass, &w_buf, m, &gu_buf, lead as u32, glu, &written, 3, false);
+                matvec::matvec_glu(gpu, &mut pass, &w_buf, m, &gu_buf, lead as u32, glu, &added, 3, true);
+                pass.submit(gpu);
+                let (written, added) = (read_f32(gpu, &written, rows + 3).await, read_f32(gpu, &added, rows + 3).await);
+                let what = format!("{ty}×{cols} limit {limit} (seed {seed})");
+                assert!(written[..3].iter().all(|v| v.is_nan()), "{what}: wrote before y_at");
+                check(&what, &written[3..], &w, &act, rows, cols);
+                assert_eq!(added[..3], y0[..3], "{what}: wrote before y_at");
+                for r in 0..rows {
+                    assert_eq!(added[3 + r], y0[3 + r] + written[3 + r], "{what} row {r}: y + W·a(gu)");
+                }
+            }
+        }
+        for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 256)] {
+            for limit in [0.0f32, 1.5] {
+                experts_case(gpu, Variant::for_matrix(gpu, Matrix { ty, rows: 40, cols: cols as u32, byte_offset: 0 }), ty, 40, cols, Some(limit), &mut rng, seed).await;
             }
         }
     }
-    for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 256)] {
-        for limit in [0.0f32, 1.5] {
-            experts_case(gpu, Variant::for_matrix(Matrix { ty, rows: 40, cols: cols as u32, byte_offset: 0 }), ty, 40, cols, Some(limit), &mut rng, seed).await;
-        }
-    }
+    gpu.set_whole_rows(true);
 }
 
 /// A product of x's RMSNorm computed in the product ([`matvec::Norm`]): the norm it leaves in `out` matches an
