@@ -224,7 +224,8 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
             }
         }
     }
-    // the lanes of a group summed: `shuffled` neighbours by subgroup shuffles, the rest through workgroup memory
+    // lanes sum: the lanes of a group summed, `shuffled` neighbours by subgroup shuffles, the rest through
+    // workgroup memory (the whole-rows variants, one invocation a row, leave out everything to "lanes sum end")
     let shuffled = max(min(p.lanes, SUBGROUP), 1u);
     for (var r = 0u; r < ROWS; r++) { acc[r] = subgroup_sum(acc[r], shuffled); }
     if (shuffled < p.lanes) {
@@ -238,6 +239,7 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
         }
         for (var r = 0u; r < ROWS; r++) { acc[r] = partial[r * WG + lid]; }
     }
+    // lanes sum end
     return acc;
 }
 

@@ -130,6 +130,11 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
     sources.entry((v, x_read, subgroup, experts, ty.id())).or_insert_with(|| {
         let core = &MATVEC[..MATVEC.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
         let mut s = if experts { format!("{QUANT}{core}{EXPERTS}") } else { format!("{QUANT}{MATVEC}") };
+        if v.whole_rows {
+            let at = s.find(LANES_SUM[0]).expect("matvec.wgsl marks its lanes sum");
+            let end = at + s[at..].find(LANES_SUM[1]).expect("matvec.wgsl marks its lanes sum's end") + LANES_SUM[1].len();
+            s.replace_range(at..end, "");
+        }
         let mut swap = |from: &str, to: &str| {
             assert!(s.contains(from), "matvec.wgsl has {from:?}");
             s = s.replacen(from, to, 1);
@@ -143,7 +148,6 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
         }
         if v.whole_rows {
             swap(BLOCK_LOOP[0], BLOCK_LOOP[1]);
-            swap(LANES_SUM, "");
             if experts {
                 swap(EXPERT_SLOT, "let slot = slots[p.slot_base + sel[j]];");
             }
@@ -205,25 +209,11 @@ fn x1(i: u32) -> f32 { return glu_act(x[i], x[i + p.glu_ff]); }",
 
 const STAGE_X: &str = "fn stage_x(xb: u32, lid: u32, first: bool) -> u32 { return xb; }";
 
-/// matvec.wgsl's sum of a row's lanes, which the whole-rows variants (one invocation a row: nothing to add) do
-/// without: on SwiftShader, the browser tests' CPU WebGPU, a kernel with any barrier runs its invocations as
-/// coroutines, and the tiny model's products ran 3 to 4 times slower for it. (Swapped out as text: with the sum
-/// moved into a function for both, the head's product took 234 µs instead of 182 on the H100.)
-const LANES_SUM: &str = "    // the lanes of a group summed: `shuffled` neighbours by subgroup shuffles, the rest through workgroup memory
-    let shuffled = max(min(p.lanes, SUBGROUP), 1u);
-    for (var r = 0u; r < ROWS; r++) { acc[r] = subgroup_sum(acc[r], shuffled); }
-    if (shuffled < p.lanes) {
-        for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] = acc[r]; }
-        workgroupBarrier();
-        for (var s = p.lanes / 2u; s >= shuffled; s >>= 1u) {
-            if (lane < s) {
-                for (var r = 0u; r < ROWS; r++) { partial[r * WG + lid] += partial[r * WG + lid + s]; }
-            }
-            workgroupBarrier();
-        }
-        for (var r = 0u; r < ROWS; r++) { acc[r] = partial[r * WG + lid]; }
-    }
-";
+/// Where matvec.wgsl's sum of a row's lanes begins and ends: the whole-rows variants (one invocation a row:
+/// nothing to add) leave it out. On SwiftShader, the browser tests' CPU WebGPU, a kernel with any barrier runs its
+/// invocations as coroutines, and the tiny model's products ran 3 to 4 times slower for it. (Left out as text:
+/// with the sum moved into a function for both, the head's product took 234 µs instead of 182 on the H100.)
+const LANES_SUM: [&str; 2] = ["    // lanes sum:", "    // lanes sum end\n"];
 
 /// The Q4_K/Q6_K loop of matvec.wgsl (lane t of 16 or 32 on one block's part t at a time) and the whole-rows
 /// variants' (one invocation through every part of every block). The lanes' loop kept apart: with a loop over
