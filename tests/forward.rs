@@ -41,12 +41,13 @@ fn logits_match_llama_cpp_f32_twin_on_every_fixture_case() {
     }
 }
 
-/// A GPU's products (a group of lanes a row, reduced behind barriers) give llama.cpp's logits as well: the other
-/// tests here run on a CPU adapter, whose products take one invocation a row ([`Gpu::whole_rows`]).
+/// A GPU's kernels (products with a group of lanes a row, reduced behind barriers; a decode step's attention by
+/// products) give llama.cpp's logits as well: the other tests here run on a CPU adapter, which takes others
+/// ([`Gpu::cpu_kernels`]).
 #[test]
 fn a_gpus_products_match_llama_cpp_f32_twin() {
     let mut engine = engine(&EngineOptions::default());
-    engine.gpu.set_whole_rows(false);
+    engine.gpu.set_cpu_kernels(false);
     // one token, and 21 through KDA, MLA and MoE layers, each with its greedy continuation
     for case in cases().into_iter().take(2) {
         let (max_abs, rms, _) = pollster::block_on(forward::check_logits(&mut engine, &case));

@@ -426,7 +426,7 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &Sta
     let kb_stride = rank as u64 * kb_m.row_bytes() as u64;
     matvec::batched(gpu, p, kb.whole(), kb_m, kb_stride, &s.mla_in, Strided { offset: 0, stride: d_qk }, &s.q_abs, Strided { offset: 0, stride: latent }, nh);
     mla::rope_q(gpu, p, &s.mla_in, &s.q_abs, pos, nh, d_nope, rope, rank, c.rope_freq_base);
-    if mla::decode_by_products(pos + 1) {
+    if mla::decode_by_products(pos + 1) && !gpu.cpu_kernels() {
         mla::attention_by_products(gpu, p, &s.q_abs, cache, &s.attn_scratch, Some(&s.attn_slices), &s.latent_mix, pos, 1, nh, rank, rope, d_qk);
     } else {
         mla::attention(gpu, p, &s.q_abs, cache, &s.attn_scratch, &s.latent_mix, pos, nh, rank, rope, d_qk);

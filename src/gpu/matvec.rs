@@ -53,7 +53,7 @@ impl Variant {
     /// runs its invocations straight through, and the tiny model's decode step took SwiftShader about a third
     /// of the time (0.8 s → 0.22–0.28 s, native bench on Chromium's SwiftShader).
     pub fn for_matrix(gpu: &Gpu, m: Matrix) -> Variant {
-        if gpu.whole_rows() {
+        if gpu.cpu_kernels() {
             Self::ENGINE[2]
         } else if m.rows >= 65536 {
             Self::ENGINE[1]

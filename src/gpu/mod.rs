@@ -129,7 +129,7 @@ pub struct Gpu {
     /// across that many lanes before workgroup memory takes over.
     subgroup_lanes: Option<u32>,
     subgroups_on: std::cell::Cell<bool>,
-    whole_rows_on: std::cell::Cell<bool>,
+    cpu_kernels_on: std::cell::Cell<bool>,
     /// Whether kernels built from now on keep naga's forced loop bounding ([`Gpu::set_bounded_loops`]).
     loops_bounded: std::cell::Cell<bool>,
     /// While recording a timeline ([`Gpu::start_timeline`]): the submissions' timestamps on their way back.
@@ -212,20 +212,22 @@ impl Gpu {
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
             subgroup_lanes,
         };
-        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), whole_rows_on: std::cell::Cell::new(true), loops_bounded: std::cell::Cell::new(false), timeline: Default::default() })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), cpu_kernels_on: std::cell::Cell::new(true), loops_bounded: std::cell::Cell::new(false), timeline: Default::default() })
     }
 
-    /// Whether products take kernels without barriers, one invocation a row: on a CPU adapter (SwiftShader,
-    /// lavapipe; in the browser, a fallback adapter), where a barrier makes SwiftShader run a workgroup's
-    /// invocations as coroutines, unless [`Gpu::set_whole_rows`] turned them off.
-    pub fn whole_rows(&self) -> bool {
-        self.summary.device_type == "Cpu" && self.whole_rows_on.get()
+    /// Whether to take the kernels for a CPU adapter (SwiftShader, lavapipe; in the browser, a fallback
+    /// adapter): matrix-vector products with one invocation a row and no barrier, and a decode step's attention
+    /// by the online-softmax kernel rather than by products (whose tiles' workgroup memory took SwiftShader 1.4 s
+    /// to compile). A barrier makes SwiftShader run a workgroup's invocations as coroutines. True on such an
+    /// adapter unless [`Gpu::set_cpu_kernels`] turned them off.
+    pub fn cpu_kernels(&self) -> bool {
+        self.summary.device_type == "Cpu" && self.cpu_kernels_on.get()
     }
 
-    /// Off: products built from now on take a GPU's kernels (a group of lanes a row) on a CPU adapter too (to
-    /// test them where the tests run).
-    pub fn set_whole_rows(&self, on: bool) {
-        self.whole_rows_on.set(on);
+    /// Off: kernels chosen from now on are a GPU's (products with a group of lanes a row, attention by products)
+    /// on a CPU adapter too (to test them where the tests run).
+    pub fn set_cpu_kernels(&self, on: bool) {
+        self.cpu_kernels_on.set(on);
     }
 
     /// The lanes the kernels may reduce across by subgroup shuffles: None without subgroups, or once

@@ -72,8 +72,8 @@ pub async fn matvec_add_adds_the_product_to_y(gpu: &Gpu) {
     let mut rng = Rand::new(seed);
     let rows = 70;
     // the CPU adapters' kernels (one invocation a row) and a GPU's (a group of lanes a row)
-    for whole_rows in [true, false] {
-        gpu.set_whole_rows(whole_rows);
+    for cpu_kernels in [true, false] {
+        gpu.set_cpu_kernels(cpu_kernels);
         for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 160), (GgmlType::F32, 96)] {
             let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
             let w_buf = gpu.upload("w", &bytes);
@@ -95,7 +95,7 @@ pub async fn matvec_add_adds_the_product_to_y(gpu: &Gpu) {
             }
         }
     }
-    gpu.set_whole_rows(true);
+    gpu.set_cpu_kernels(true);
 }
 
 /// Stacked matrices (a KDA layer's projections): one dispatch writes each member's rows to its own place in y,
@@ -104,8 +104,8 @@ pub async fn stacked_matvec_matches_each_product(gpu: &Gpu) {
     let seed = Rand::test_seed();
     let mut rng = Rand::new(seed);
     // the CPU adapters' kernels (one invocation a row) and a GPU's (a group of lanes a row)
-    for whole_rows in [true, false] {
-        gpu.set_whole_rows(whole_rows);
+    for cpu_kernels in [true, false] {
+        gpu.set_cpu_kernels(cpu_kernels);
         for (ty, cols) in [(GgmlType::Q4_K, 512), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 160), (GgmlType::F32, 96)] {
             // (rows, where they go in y): a one-row member, members written in another order than they are stacked,
             // the last ending before y does
@@ -141,7 +141,7 @@ pub async fn stacked_matvec_matches_each_product(gpu: &Gpu) {
             }
         }
     }
-    gpu.set_whole_rows(true);
+    gpu.set_cpu_kernels(true);
 }
 
 /// Per-head products like MLA's absorbed k_b: matrix b at a byte stride, x and y strided.
@@ -252,8 +252,8 @@ pub async fn swiglu_products_match_activation_then_product(gpu: &Gpu) {
     let mut rng = Rand::new(seed);
     let rows = 70;
     // the CPU adapters' kernels (one invocation a row) and a GPU's (a group of lanes a row)
-    for whole_rows in [true, false] {
-        gpu.set_whole_rows(whole_rows);
+    for cpu_kernels in [true, false] {
+        gpu.set_cpu_kernels(cpu_kernels);
         for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 512), (GgmlType::Q8_0, 96), (GgmlType::Q4_K, matvec::GLU_MAX_COLS as usize)] {
             for limit in [0.0f32, 1.5] {
                 let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
@@ -287,7 +287,7 @@ pub async fn swiglu_products_match_activation_then_product(gpu: &Gpu) {
             }
         }
     }
-    gpu.set_whole_rows(true);
+    gpu.set_cpu_kernels(true);
 }
 
 /// A product of x's RMSNorm computed in the product ([`matvec::Norm`]): the norm it leaves in `out` matches an
