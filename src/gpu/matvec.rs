@@ -102,7 +102,8 @@ const X_VEC4: [&str; 3] = [
 /// [gate | up] pairs ([`GLU_MAX_COLS`] at most), or as its RMSNorm ([`NORM_MAX_COLS`] at most), the last two
 /// staged in workgroup memory of the given length (the product's columns rounded up to a whole workgroup's: a
 /// kernel holds no more than its matrices need, which on SwiftShader, the browser tests' CPU WebGPU, made the
-/// tiny model's SwiGLU products compile about 4× and run 2× faster than with room for the longest rows).
+/// tiny model's SwiGLU products compile about 4× and run 2× faster than with room for the longest rows; 0 for
+/// the whole-rows variants, which stage nothing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum XRead {
     Scalar,
@@ -338,7 +339,8 @@ fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool, ty: GgmlType) -> 
 /// columns.
 fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, input: Input, cols: u32) -> XRead {
     if matches!(input, Input::Glu(_)) {
-        XRead::Glu(staged_len(cols))
+        // whole rows compute the activations as they read them: nothing staged, one kernel for every length
+        XRead::Glu(if v.whole_rows { 0 } else { staged_len(cols) })
     } else if matches!(input, Input::Norm(_)) {
         XRead::Norm(staged_len(cols))
     } else if !v.scalar_x && at.offset % 4 == 0 && at.stride % 4 == 0 && x.size() % 16 == 0 {
