@@ -47,8 +47,9 @@ var<workgroup> expert_scores: array<f32, MAX_EXPERTS>;
 var<workgroup> expert_gates: array<f32, MAX_EXPERTS>;
 var<workgroup> group_scores: array<f32, MAX_GROUPS>;
 var<workgroup> group_kept: array<bool, MAX_GROUPS>;
-var<workgroup> best_scores: array<f32, 256>;
-var<workgroup> best_experts: array<u32, 256>;
+// each invocation's candidate of a pick round (two rounds' worth: the subgroup pick alternates halves)
+var<workgroup> best_scores: array<f32, 512>;
+var<workgroup> best_experts: array<u32, 512>;
 var<workgroup> picked: array<u32, MAX_USED + 1u>; // the n_used picks, then the runner-up
 var<private> route_token: u32;
 
@@ -103,6 +104,27 @@ fn score_of(expert: u32) -> f32 {
     return expert_scores[expert];
 }
 
+// pick_best: the best of the workgroup's candidates `mine` in round `round`, returned to every invocation (all
+// call it). A tree through workgroup memory, 9 barriers; moe.rs puts a subgroup version in its place (marked by
+// these comments) where the device shuffles across subgroups.
+fn pick_best(mine: u32, lid: u32, round: u32) -> u32 {
+    best_experts[lid] = mine;
+    best_scores[lid] = score_of(mine);
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (lid < stride && beats(best_scores[lid + stride], best_experts[lid + stride], best_scores[lid], best_experts[lid])) {
+            best_scores[lid] = best_scores[lid + stride];
+            best_experts[lid] = best_experts[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let best = best_experts[0];
+    // every invocation has read the winner before the next round writes
+    workgroupBarrier();
+    return best;
+}
+// pick_best end
+
 // One workgroup per token; each invocation owns experts lid and lid + 256.
 @compute @workgroup_size(256)
 fn moe_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
@@ -151,22 +173,13 @@ fn moe_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg
         if (beats(score_of(candidates[1]), candidates[1], score_of(mine), mine)) {
             mine = candidates[1];
         }
-        best_experts[lid] = mine;
-        best_scores[lid] = score_of(mine);
-        workgroupBarrier();
-        for (var stride = 128u; stride > 0u; stride >>= 1u) {
-            if (lid < stride && beats(best_scores[lid + stride], best_experts[lid + stride], best_scores[lid], best_experts[lid])) {
-                best_scores[lid] = best_scores[lid + stride];
-                best_experts[lid] = best_experts[lid + stride];
-            }
-            workgroupBarrier();
-        }
+        let best = pick_best(mine, lid, j);
+        // (only invocation 0 reads the picks back)
         if (lid == 0u) {
-            picked[j] = best_experts[0];
+            picked[j] = best;
         }
-        workgroupBarrier();
         for (var c = 0u; c < 2u; c++) {
-            if (candidates[c] == picked[j]) {
+            if (candidates[c] == best) {
                 candidates[c] = NONE;
             }
         }

@@ -302,7 +302,16 @@ fn route_reference(r: Router, logits: &[f32], bias: &[f32]) -> RouteReference {
 
 /// The selection of one token's `logits`, routed alone and as the middle token of three (a chunk's routing: both
 /// must give the reference's selection).
-async fn route_on_gpu(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Selection; 2] {
+/// [`route_once`] with the device's subgroup pick (where it has subgroups), then with the workgroup tree's.
+async fn route_on_gpu(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Selection; 4] {
+    let [alone, in_chunk] = route_once(gpu, r, logits, bias).await;
+    gpu.set_subgroups(false);
+    let [tree_alone, tree_in_chunk] = route_once(gpu, r, logits, bias).await;
+    gpu.set_subgroups(true);
+    [alone, in_chunk, tree_alone, tree_in_chunk]
+}
+
+async fn route_once(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Selection; 2] {
     let words = selection_words(r.n_used);
     let bias_buf = gpu.upload("exp_probs_b", &f32_bytes(bias));
     let sel = poisoned(gpu, "sel", words);
@@ -322,9 +331,11 @@ async fn route_on_gpu(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Se
     [alone, Selection::from_words(&read[1 + words..1 + 2 * words], r.n_used)]
 }
 
-fn check_selections(what: &str, got: &[Selection; 2], want: &RouteReference) {
+fn check_selections(what: &str, got: &[Selection; 4], want: &RouteReference) {
     check_selection(&format!("{what}, alone"), &got[0], want);
     check_selection(&format!("{what}, in a chunk"), &got[1], want);
+    check_selection(&format!("{what}, alone, without subgroups"), &got[2], want);
+    check_selection(&format!("{what}, in a chunk, without subgroups"), &got[3], want);
 }
 
 fn check_selection(what: &str, got: &Selection, want: &RouteReference) {
