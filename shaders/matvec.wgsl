@@ -1,8 +1,8 @@
 // Matrix-vector products over ggml rows read straight from their GGUF bytes: y[r] = Σ_i W[r, i]·x[i].
 // A workgroup of 256 is split into lane groups of `lanes` invocations (16 or 32 for Q4_K and Q6_K: 16 per
-// 256-value block, one or two blocks side by side; 4..32 for the other types: one per 32-value sub-block);
-// each lane group computes ROWS neighbouring rows at once, so every x value it loads serves ROWS rows and each
-// lane has ROWS rows' loads in flight. Lanes walk their row in whole blocks, the 16 lanes of a block reading
+// 256-value block, one or two blocks side by side; 4..128 for F32; 4..32 for the other types: one per 32-value
+// sub-block); each lane group computes ROWS neighbouring rows at once, so every x value it loads serves ROWS rows
+// and each lane has ROWS rows' loads in flight. Lanes walk their row in whole blocks, the 16 lanes of a block reading
 // neighbouring words; one reduction through workgroup memory at the end. workgroup_id.z selects a matrix:
 //   matvec          batch b: weights at w_offset + b·w_stride, x at x_offset + b·x_stride, y at y_offset + b·y_stride
 //                   (per-head MLA products, or a single product with one batch)
@@ -171,6 +171,11 @@ fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, sums: vec2<f32>) -> f32 
     return dm.x * (f32(sc.x) * lo + f32(sc.y) * hi) - dm.y * dot(vec2<f32>(mn), sums);
 }
 
+// Four f32 weights from word w on.
+fn f32x4_at(w: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]));
+}
+
 // The first row of this workgroup.
 fn first_row(wg: vec3<u32>, n_wg: vec3<u32>) -> u32 {
     return (wg.x + wg.y * n_wg.x) * (WG / p.lanes) * ROWS;
@@ -206,13 +211,23 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
             }
         }
         case 0u: {
-            // F32 (the MoE router): a lane's neighbours read the neighbouring four values, as one vec4 each
-            for (var i = 4u * lane; i < p.cols; i += 4u * max(p.lanes, 1u)) {
-                let xv = x4(xb + i);
+            // F32 (the MoE router): a lane's neighbours read the neighbouring four values, as one vec4 each. Four
+            // steps' loads are issued before any is used: a step that used its loads before the next waited a
+            // memory latency apiece (the router's 2560 columns are 20 steps of a lane). Sums in step order.
+            let step = 4u * max(p.lanes, 1u);
+            var i = 4u * lane;
+            for (; i + 3u * step < p.cols; i += 4u * step) {
+                var xv: array<vec4<f32>, 4>;
+                for (var u = 0u; u < 4u; u++) { xv[u] = x4(xb + i + u * step); }
                 for (var r = 0u; r < ROWS; r++) {
-                    let w = (rows[r] >> 2u) + i;
-                    acc[r] += dot(bitcast<vec4<f32>>(vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u])), xv);
+                    var wv: array<vec4<f32>, 4>;
+                    for (var u = 0u; u < 4u; u++) { wv[u] = f32x4_at((rows[r] >> 2u) + i + u * step); }
+                    for (var u = 0u; u < 4u; u++) { acc[r] += dot(wv[u], xv[u]); }
                 }
+            }
+            for (; i < p.cols; i += step) {
+                let xv = x4(xb + i);
+                for (var r = 0u; r < ROWS; r++) { acc[r] += dot(f32x4_at((rows[r] >> 2u) + i), xv); }
             }
         }
         default: {
