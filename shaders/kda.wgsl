@@ -83,6 +83,30 @@ fn tree_sum_ab(lid: u32) {
     }
 }
 
+// column sums: Σ of `v` over the DC_LANES lanes of the invocation's value column (the delta rule's division of S
+// below: invocations col·DC_LANES + l, l < DC_LANES), returned to every lane. Through workgroup memory here, a
+// barrier each (sum_a for u, sum_b for o: a token's two sums need no barrier between them, and the next token's
+// u is written after every lane has passed the o barrier, so after every read of the last u); kda.rs swaps in
+// subgroup shuffles, no barrier, on a device with subgroups of at least DC_LANES lanes.
+fn column_sum_a(v: f32, lid: u32) -> f32 {
+    sum_a[lid] = v;
+    workgroupBarrier();
+    let col = lid / DC_LANES;
+    var total = 0.0;
+    for (var l = 0u; l < DC_LANES; l++) { total += sum_a[col * DC_LANES + l]; }
+    return total;
+}
+
+fn column_sum_b(v: f32, lid: u32) -> f32 {
+    sum_b[lid] = v;
+    workgroupBarrier();
+    let col = lid / DC_LANES;
+    var total = 0.0;
+    for (var l = 0u; l < DC_LANES; l++) { total += sum_b[col * DC_LANES + l]; }
+    return total;
+}
+// column sums end
+
 // ---------------------------------------------------------------------------------------------------------------
 // kda_head_norm_gate: one workgroup per head; lane j < head_dim owns element j.
 
@@ -254,11 +278,7 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
                 u += s[n] * k_hat[i];
             }
         }
-        sum_a[lid] = u;
-        workgroupBarrier();
-        var u_total = 0.0;
-        for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
-        let delta = beta * (v_in[min(j, WORKGROUP - 1u)] - u_total);
+        let delta = beta * (v_in[min(j, WORKGROUP - 1u)] - column_sum_a(u, lid));
         var o_part = 0.0;
         for (var n = 0u; n < DC_SPAN; n++) {
             let i = lane + n * DC_LANES;
@@ -271,16 +291,11 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
             let i = lane + n * DC_LANES;
             if (valid && i < d) { store_step_state(column + i, s[n]); }
         }
-        sum_b[lid] = o_part;
-        workgroupBarrier();
-        if (valid && lane == 0u) {
-            var o_total = 0.0;
-            for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
-            o_column[j] = o_total * inv_sqrt_d;
-        }
-        // every lane has read this pass's partials before the next pass writes them
-        workgroupBarrier();
+        let o_total = column_sum_b(o_part, lid);
+        if (valid && lane == 0u) { o_column[j] = o_total * inv_sqrt_d; }
     }
+    // every o_column is written, and every lane is done with the passes' sums (the head norm's sum_a below)
+    workgroupBarrier();
     var o = 0.0;
     if (lid < d) { o = o_column[lid]; }
 
@@ -300,8 +315,12 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
 // The chunked prefill: the same steps for the T tokens of a chunk, each equal to T decode steps in order.
 // Token t's vectors sit at t·(row width): q|k|v at t·3D, g|β at t·(D + n_head), outputs at t·D (or t·3D).
 
-// kda_conv_chunk: one invocation per channel, through the chunk's tokens in order, its conv state in registers
-// (read at the start, written back at the end).
+// kda_conv_chunk: one invocation per (channel, block of CONV_BLOCK tokens), grid (channel group, token block).
+// An invocation loads its tokens' inputs and the K−1 before them together (the chunk's, or the conv state's
+// before the chunk), then sums each token's taps in the decode kernel's order. The invocations of token block 0
+// alone read the conv state, and each writes its channel's new one after reading it (the chunk's last K−1
+// inputs, read from x): no invocation reads a state another writes. (One invocation a channel through every
+// token in order waited a memory latency a token: 1.1 ms for a 2048-token chunk on the H200.)
 
 struct ConvChunkParams {
     channels: u32,
@@ -316,38 +335,60 @@ struct ConvChunkParams {
 @group(0) @binding(4) var<uniform> cc_params: ConvChunkParams;
 
 const MAX_CONV: u32 = 8u;
+const CONV_BLOCK: u32 = 8u;
+
+// Channel c's input at chunk position s − (K−1) (s < K−1: the state's, oldest first).
+fn conv_input(c: u32, s: u32, past_len: u32) -> f32 {
+    if (s < past_len) { return cc_state[past_len * c + s]; }
+    return cc_x[(s - past_len) * cc_params.channels + c];
+}
 
 @compute @workgroup_size(256)
-fn kda_conv_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
+fn kda_conv_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let p = cc_params;
-    let c = workgroup_index(wg, n_wg) * WORKGROUP + lid;
-    if (c >= p.channels || p.kernel_size > MAX_CONV) { return; }
+    let c = wg.x * WORKGROUP + lid;
+    let t0 = wg.y * CONV_BLOCK;
+    if (c >= p.channels || t0 >= p.tokens || p.kernel_size > MAX_CONV) { return; }
     let past_len = p.kernel_size - 1u;
-    var past: array<f32, MAX_CONV>;
     var w: array<f32, MAX_CONV>;
     for (var i = 0u; i < MAX_CONV; i++) {
-        if (i < past_len) { past[i] = cc_state[past_len * c + i]; }
         if (i < p.kernel_size) { w[i] = cc_w[p.kernel_size * c + i]; }
     }
-    for (var t = 0u; t < p.tokens; t++) {
-        let x = cc_x[t * p.channels + c];
-        // the decode kernel's order: the past taps oldest first, then the current input
-        var acc = 0.0;
-        for (var i = 0u; i < MAX_CONV; i++) {
-            if (i < past_len) { acc += w[i] * past[i]; }
-        }
-        acc += w[past_len] * x;
-        for (var i = 0u; i + 1u < MAX_CONV; i++) {
-            if (i + 1u < past_len) { past[i] = past[i + 1u]; }
-        }
-        past[past_len - 1u] = x;
-        let out = t * p.channels + c;
-        if (out < arrayLength(&cc_y)) { cc_y[out] = acc / (1.0 + exp(-acc)); }
+    // window[m]: the input at position t0 − (K−1) + m, for the block's tokens and the K−1 before
+    var window: array<f32, CONV_BLOCK + MAX_CONV>;
+    for (var m = 0u; m < CONV_BLOCK + MAX_CONV; m++) {
+        if (m < CONV_BLOCK + past_len && t0 + m < p.tokens + past_len) { window[m] = conv_input(c, t0 + m, past_len); }
     }
-    for (var i = 0u; i < past_len; i++) {
-        let at = past_len * c + i;
-        if (at < arrayLength(&cc_state)) { cc_state[at] = past[i]; }
+    var new_state: array<f32, MAX_CONV>;
+    if (t0 == 0u) {
+        // chunk positions tokens − (K−1) .. tokens − 1, in the window's numbering tokens .. tokens + K − 2
+        for (var i = 0u; i < MAX_CONV; i++) {
+            if (i < past_len) { new_state[i] = conv_input(c, p.tokens + i, past_len); }
+        }
+    }
+    for (var tt = 0u; tt < CONV_BLOCK; tt++) {
+        if (t0 + tt < p.tokens) {
+            // the decode kernel's order: the past taps oldest first, then the current input
+            var acc = 0.0;
+            var current = 0.0;
+            var w_current = 0.0;
+            for (var i = 0u; i < MAX_CONV; i++) {
+                if (i < past_len) { acc += w[i] * window[tt + i]; }
+                if (i == past_len) {
+                    current = window[tt + i];
+                    w_current = w[i];
+                }
+            }
+            acc += w_current * current;
+            let out = (t0 + tt) * p.channels + c;
+            if (out < arrayLength(&cc_y)) { cc_y[out] = acc / (1.0 + exp(-acc)); }
+        }
+    }
+    if (t0 == 0u) {
+        for (var i = 0u; i < past_len; i++) {
+            let at = past_len * c + i;
+            if (at < arrayLength(&cc_state)) { cc_state[at] = new_state[i]; }
+        }
     }
 }
 
@@ -446,7 +487,6 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let block = max(min(DC_STAGE / per_token, DC_TOKENS), 1u);
     for (var t0 = 0u; t0 < p.tokens; t0 += block) {
         let count = min(block, p.tokens - t0);
-        // every read of the block before is done: the last token's o barrier came after them
         for (var at = lid; at < count * per_token; at += WORKGROUP) {
             let t = t0 + at / per_token;
             let which = (at % per_token) / d;
@@ -477,11 +517,7 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
                     u += decayed * dc_stage[k_at + i];
                 }
             }
-            sum_a[lid] = u;
-            workgroupBarrier();
-            var u_total = 0.0;
-            for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
-            let delta = dc_beta[tt] * (dc_v[tt * DC_COLS + col] - u_total);
+            let delta = dc_beta[tt] * (dc_v[tt * DC_COLS + col] - column_sum_a(u, lid));
             var o = 0.0;
             for (var n = 0u; n < DC_SPAN; n++) {
                 let i = lane + n * DC_LANES;
@@ -491,15 +527,14 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
                     o += updated * dc_stage[q_at + i];
                 }
             }
-            sum_b[lid] = o;
-            workgroupBarrier();
+            let o_total = column_sum_b(o, lid);
             if (valid && lane == 0u) {
-                var o_total = 0.0;
-                for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
                 let out = (t0 + tt) * dim + h * d + j;
                 if (out < arrayLength(&dc_o)) { dc_o[out] = o_total * inv_sqrt_d; }
             }
         }
+        // every lane is done with this block's staged vectors before the next block's overwrite them
+        workgroupBarrier();
     }
     for (var n = 0u; n < DC_SPAN; n++) {
         let i = lane + n * DC_LANES;
