@@ -83,30 +83,6 @@ fn tree_sum_ab(lid: u32) {
     }
 }
 
-// column sums: Σ of `v` over the DC_LANES lanes of the invocation's value column (the delta rule's division of S
-// below: invocations col·DC_LANES + l, l < DC_LANES), returned to every lane. Through workgroup memory here, a
-// barrier each (sum_a for u, sum_b for o: a token's two sums need no barrier between them, and the next token's
-// u is written after every lane has passed the o barrier, so after every read of the last u); kda.rs swaps in
-// subgroup shuffles, no barrier, on a device with subgroups of at least DC_LANES lanes.
-fn column_sum_a(v: f32, lid: u32) -> f32 {
-    sum_a[lid] = v;
-    workgroupBarrier();
-    let col = lid / DC_LANES;
-    var total = 0.0;
-    for (var l = 0u; l < DC_LANES; l++) { total += sum_a[col * DC_LANES + l]; }
-    return total;
-}
-
-fn column_sum_b(v: f32, lid: u32) -> f32 {
-    sum_b[lid] = v;
-    workgroupBarrier();
-    let col = lid / DC_LANES;
-    var total = 0.0;
-    for (var l = 0u; l < DC_LANES; l++) { total += sum_b[col * DC_LANES + l]; }
-    return total;
-}
-// column sums end
-
 // ---------------------------------------------------------------------------------------------------------------
 // kda_head_norm_gate: one workgroup per head; lane j < head_dim owns element j.
 
@@ -278,7 +254,11 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
                 u += s[n] * k_hat[i];
             }
         }
-        let delta = beta * (v_in[min(j, WORKGROUP - 1u)] - column_sum_a(u, lid));
+        sum_a[lid] = u;
+        workgroupBarrier();
+        var u_total = 0.0;
+        for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
+        let delta = beta * (v_in[min(j, WORKGROUP - 1u)] - u_total);
         var o_part = 0.0;
         for (var n = 0u; n < DC_SPAN; n++) {
             let i = lane + n * DC_LANES;
@@ -291,11 +271,16 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
             let i = lane + n * DC_LANES;
             if (valid && i < d) { store_step_state(column + i, s[n]); }
         }
-        let o_total = column_sum_b(o_part, lid);
-        if (valid && lane == 0u) { o_column[j] = o_total * inv_sqrt_d; }
+        sum_b[lid] = o_part;
+        workgroupBarrier();
+        if (valid && lane == 0u) {
+            var o_total = 0.0;
+            for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
+            o_column[j] = o_total * inv_sqrt_d;
+        }
+        // every lane has read this pass's partials before the next pass writes them
+        workgroupBarrier();
     }
-    // every o_column is written, and every lane is done with the passes' sums (the head norm's sum_a below)
-    workgroupBarrier();
     var o = 0.0;
     if (lid < d) { o = o_column[lid]; }
 
@@ -487,6 +472,7 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let block = max(min(DC_STAGE / per_token, DC_TOKENS), 1u);
     for (var t0 = 0u; t0 < p.tokens; t0 += block) {
         let count = min(block, p.tokens - t0);
+        // every read of the block before is done: the last token's o barrier came after them
         for (var at = lid; at < count * per_token; at += WORKGROUP) {
             let t = t0 + at / per_token;
             let which = (at % per_token) / d;
@@ -517,7 +503,11 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
                     u += decayed * dc_stage[k_at + i];
                 }
             }
-            let delta = dc_beta[tt] * (dc_v[tt * DC_COLS + col] - column_sum_a(u, lid));
+            sum_a[lid] = u;
+            workgroupBarrier();
+            var u_total = 0.0;
+            for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
+            let delta = dc_beta[tt] * (dc_v[tt * DC_COLS + col] - u_total);
             var o = 0.0;
             for (var n = 0u; n < DC_SPAN; n++) {
                 let i = lane + n * DC_LANES;
@@ -527,14 +517,15 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
                     o += updated * dc_stage[q_at + i];
                 }
             }
-            let o_total = column_sum_b(o, lid);
+            sum_b[lid] = o;
+            workgroupBarrier();
             if (valid && lane == 0u) {
+                var o_total = 0.0;
+                for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
                 let out = (t0 + tt) * dim + h * d + j;
                 if (out < arrayLength(&dc_o)) { dc_o[out] = o_total * inv_sqrt_d; }
             }
         }
-        // every lane is done with this block's staged vectors before the next block's overwrite them
-        workgroupBarrier();
     }
     for (var n = 0u; n < DC_SPAN; n++) {
         let i = lane + n * DC_LANES;

@@ -1,8 +1,8 @@
 // Matrix-vector products over ggml rows read straight from their GGUF bytes: y[r] = Σ_i W[r, i]·x[i].
 // A workgroup of 256 is split into lane groups of `lanes` invocations (16 or 32 for Q4_K and Q6_K: 16 per
-// 256-value block, one or two blocks side by side; 4..128 for F32; 4..32 for the other types: one per 32-value
-// sub-block); each lane group computes ROWS neighbouring rows at once, so every x value it loads serves ROWS rows
-// and each lane has ROWS rows' loads in flight. Lanes walk their row in whole blocks, the 16 lanes of a block reading
+// 256-value block, one or two blocks side by side; 4..32 for the other types: one per 32-value sub-block);
+// each lane group computes ROWS neighbouring rows at once, so every x value it loads serves ROWS rows and each
+// lane has ROWS rows' loads in flight. Lanes walk their row in whole blocks, the 16 lanes of a block reading
 // neighbouring words; one reduction through workgroup memory at the end. workgroup_id.z selects a matrix:
 //   matvec          batch b: weights at w_offset + b·w_stride, x at x_offset + b·x_stride, y at y_offset + b·y_stride
 //                   (per-head MLA products, or a single product with one batch)

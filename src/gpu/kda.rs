@@ -10,38 +10,6 @@ const SHADER: &str = include_str!("../../shaders/kda.wgsl");
 /// the largest head dimension they take.
 const WORKGROUP: u32 = 256;
 
-/// kda.wgsl's column sums of the delta rule (marked so that they can be swapped), and the version without a
-/// barrier put in their place on a device with subgroups of at least `DC_LANES` (8) lanes.
-const COLUMN_SUMS: [&str; 2] = ["// column sums:", "// column sums end"];
-const COLUMN_SUMS_BY_SHUFFLES: &str = "fn column_sum(v: f32) -> f32 {
-    var s = v;
-    for (var m = DC_LANES / 2u; m > 0u; m >>= 1u) { s += subgroupShuffleXor(s, m); }
-    return s;
-}
-fn column_sum_a(v: f32, lid: u32) -> f32 { return column_sum(v); }
-fn column_sum_b(v: f32, lid: u32) -> f32 { return column_sum(v); }
-";
-const DC_LANES: u32 = 8;
-
-/// The kernel `entry` of the delta rule (kda_step, kda_delta_chunk): with shuffled column sums where the device
-/// has subgroups wide enough.
-fn delta_kernel(gpu: &Gpu, entry: &str) -> std::rc::Rc<super::Kernel> {
-    if !gpu.subgroup_lanes().is_some_and(|lanes| lanes >= DC_LANES) {
-        return gpu.kernel("kda.wgsl", SHADER, entry);
-    }
-    gpu.kernel_with("kda.wgsl shuffled", entry, || {
-        static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        SOURCE.get_or_init(|| {
-            let at = SHADER.find(COLUMN_SUMS[0]).expect("kda.wgsl marks its column sums");
-            let end = at + SHADER[at..].find(COLUMN_SUMS[1]).expect("kda.wgsl marks its column sums' end") + COLUMN_SUMS[1].len();
-            let mut s = SHADER.to_string();
-            s.replace_range(at..end, COLUMN_SUMS_BY_SHUFFLES);
-            assert!(s.contains(&format!("const DC_LANES: u32 = {DC_LANES}u;")), "kda.wgsl's DC_LANES is kda.rs's");
-            s
-        })
-    })
-}
-
 /// Catches a buffer too small for the layout the kernel assumes (the kernel would silently skip the writes).
 fn expect_floats(buffer: &wgpu::Buffer, floats: u32, what: &str) {
     assert!(buffer.size() >= floats as u64 * 4, "KDA {what}: {} bytes, need {floats} f32", buffer.size());
@@ -144,7 +112,7 @@ pub fn step(gpu: &Gpu, pass: &mut Pass, input: &wgpu::Buffer, consts: &wgpu::Buf
     expect_floats(state, dim * l.head_dim, "delta state");
     expect_floats(y, dim, "step output");
     let (dt_at, a_at, norm_at) = l.consts_at();
-    let kernel = delta_kernel(gpu, "kda_step");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_step");
     let params = [
         P::U(l.n_head),
         P::U(l.head_dim),
@@ -204,6 +172,6 @@ pub fn delta_tokens(gpu: &Gpu, pass: &mut Pass, qkv: &wgpu::Buffer, gb: &wgpu::B
     expect_floats(gb, tokens * (dim + n_head), "gates");
     expect_floats(state, dim * head_dim, "delta state");
     expect_floats(o, tokens * dim, "delta output");
-    let kernel = delta_kernel(gpu, "kda_delta_chunk");
+    let kernel = gpu.kernel("kda.wgsl", SHADER, "kda_delta_chunk");
     pass.dispatch_3d(gpu, &kernel, &[qkv, gb, state, o], &[P::U(n_head), P::U(head_dim), P::U(tokens)], (head_dim.div_ceil(DELTA_COLUMNS), n_head, 1));
 }

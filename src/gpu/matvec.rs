@@ -570,8 +570,7 @@ fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Mat
 }
 
 /// Invocations per row: for Q4_K and Q6_K 16 per block, two blocks side by side when the row has an even
-/// number of them or at least 4 (so the lanes finish together); F32 one per 16 values (4..128); otherwise one per
-/// 32-value sub-block (4..32).
+/// number of them or at least 4 (so the lanes finish together); otherwise one per 32-value sub-block (4..32).
 fn lanes(m: Matrix, v: Variant) -> u32 {
     if v.whole_rows {
         return 1;
@@ -581,9 +580,6 @@ fn lanes(m: Matrix, v: Variant) -> u32 {
             let blocks = m.cols / 256;
             if !v.narrow && (blocks >= 4 || blocks == 2) { 32 } else { 16 }
         }
-        // F32 (the MoE router, 512 rows of 2560): up to 128 lanes a row, so the product spreads over more
-        // workgroups (256, not 64: on the H200 the 5 MB router took 27 µs with 32 lanes)
-        GgmlType::F32 => (m.cols / 16).next_power_of_two().clamp(4, 128),
         _ => (m.cols / 32).next_power_of_two().clamp(4, 32),
     }
 }
