@@ -305,7 +305,7 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
 // before the chunk), then sums each token's taps in the decode kernel's order. The invocations of token block 0
 // alone read the conv state, and each writes its channel's new one after reading it (the chunk's last K−1
 // inputs, read from x): no invocation reads a state another writes. (One invocation a channel through every
-// token in order waited a memory latency a token: 1.1 ms for a 2048-token chunk on the H200.)
+// token in order waited a memory latency a token: 1.1 ms a layer for a 2048-token chunk on the H200.)
 
 struct ConvChunkParams {
     channels: u32,

@@ -105,8 +105,8 @@ fn score_of(expert: u32) -> f32 {
 }
 
 // pick_best: the best of the workgroup's candidates `mine` in round `round`, returned to every invocation (all
-// call it). A tree through workgroup memory, 9 barriers; moe.rs puts a subgroup version in its place (marked by
-// these comments) where the device shuffles across subgroups.
+// call it). A tree through workgroup memory, ten barriers; moe.rs puts a subgroup version in its place (marked
+// by these comments) where the device shuffles across subgroups.
 fn pick_best(mine: u32, lid: u32, round: u32) -> u32 {
     best_experts[lid] = mine;
     best_scores[lid] = score_of(mine);

@@ -104,7 +104,7 @@ pub fn route_tokens(
 const PICK_BEST: [&str; 2] = ["// pick_best:", "// pick_best end"];
 
 /// `pick_best` for a device that shuffles across subgroups of at least `PICK_LANES` invocations: one barrier a
-/// round instead of nine (the tree's), and the rounds alternate halves of the candidate arrays, so a round's
+/// round instead of ten (the tree's), and the rounds alternate halves of the candidate arrays, so a round's
 /// writes never meet the reads of the round before. Every group of `PICK_LANES` neighbouring invocations scans
 /// all 256 candidates and shuffles to the best, so every invocation ends with the winner. `beats` is a strict
 /// order, so the winner is the tree's.
