@@ -344,11 +344,16 @@ fn kda_conv_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     for (var m = 0u; m < CONV_BLOCK + MAX_CONV; m++) {
         if (m < CONV_BLOCK + past_len && t0 + m < p.tokens + past_len) { window[m] = conv_input(c, t0 + m, past_len); }
     }
-    var new_state: array<f32, MAX_CONV>;
     if (t0 == 0u) {
-        // chunk positions tokens − (K−1) .. tokens − 1, in the window's numbering tokens .. tokens + K − 2
+        // the new state, after this invocation's reads of the old: the inputs at chunk positions tokens − (K−1) ..
+        // tokens − 1 (in conv_input's numbering tokens .. tokens + K − 2), all read before any is written
+        var new_state: array<f32, MAX_CONV>;
         for (var i = 0u; i < MAX_CONV; i++) {
             if (i < past_len) { new_state[i] = conv_input(c, p.tokens + i, past_len); }
+        }
+        for (var i = 0u; i < past_len; i++) {
+            let at = past_len * c + i;
+            if (at < arrayLength(&cc_state)) { cc_state[at] = new_state[i]; }
         }
     }
     for (var tt = 0u; tt < CONV_BLOCK; tt++) {
@@ -367,12 +372,6 @@ fn kda_conv_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             acc += w_current * current;
             let out = (t0 + tt) * p.channels + c;
             if (out < arrayLength(&cc_y)) { cc_y[out] = acc / (1.0 + exp(-acc)); }
-        }
-    }
-    if (t0 == 0u) {
-        for (var i = 0u; i < past_len; i++) {
-            let at = past_len * c + i;
-            if (at < arrayLength(&cc_state)) { cc_state[at] = new_state[i]; }
         }
     }
 }

@@ -30,6 +30,14 @@ pub struct Kernel {
     layout: wgpu::BindGroupLayout,
 }
 
+/// `source` with the text from `marks[0]` through the end of `marks[1]` replaced by `with`: a variant swapping a
+/// piece its shader marks with a comment at each end.
+pub fn replace_marked(source: &mut String, marks: [&str; 2], with: &str) {
+    let at = source.find(marks[0]).unwrap_or_else(|| panic!("the shader marks {:?}", marks[0]));
+    let end = at + source[at..].find(marks[1]).unwrap_or_else(|| panic!("the shader marks {:?}", marks[1])) + marks[1].len();
+    source.replace_range(at..end, with);
+}
+
 /// Compiled kernels by (label, entry point), so each WGSL entry point is compiled once per device.
 #[derive(Default)]
 pub struct KernelCache {
@@ -53,6 +61,16 @@ impl Gpu {
     /// The kernel `entry` of WGSL `source` (compiled on first use; `label` names the source for errors).
     pub fn kernel(&self, label: &str, source: &str, entry: &str) -> Rc<Kernel> {
         self.kernel_with(label, entry, || source)
+    }
+
+    /// [`Gpu::kernel`] of a source assembled by `build` (a variant of a shader): built once per process for
+    /// `label`, which must name everything the source depends on (it is the compiled kernel's key too).
+    pub fn kernel_built(&self, label: &str, entry: &str, build: impl FnOnce() -> String) -> Rc<Kernel> {
+        self.kernel_with(label, entry, || {
+            static SOURCES: std::sync::OnceLock<std::sync::Mutex<HashMap<String, &'static str>>> = std::sync::OnceLock::new();
+            let mut sources = SOURCES.get_or_init(Default::default).lock().unwrap();
+            *sources.entry(label.to_string()).or_insert_with(|| Box::leak(build().into_boxed_str()))
+        })
     }
 
     /// [`Gpu::kernel`] with the source made only when the kernel is not built yet (sources assembled from

@@ -5,8 +5,6 @@
 use super::matvec::{Matrix, PoolChunk};
 use super::{Gpu, Pass, P};
 use crate::quant::GgmlType;
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 
 const QUANT: &str = include_str!("../../shaders/quant.wgsl");
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
@@ -147,18 +145,14 @@ pub fn expert_tiles(tokens: u32, pairs: u32, n_expert: u32) -> ExpertTiles {
 /// The kernel `entry` for matrices of type `ty`: each type's kernels are built apart, with the type the shader's
 /// constant `TY`, so each keeps one type's code (as matvec.rs does).
 fn kernel(gpu: &Gpu, ty: GgmlType, entry: &str) -> std::rc::Rc<super::Kernel> {
-    gpu.kernel_with(&format!("{LABEL} {ty:?}"), entry, || source(ty))
+    gpu.kernel_built(&format!("{LABEL} {ty:?}"), entry, || source(ty))
 }
 
-fn source(ty: GgmlType) -> &'static str {
-    static S: OnceLock<Mutex<HashMap<u32, &'static str>>> = OnceLock::new();
-    let mut sources = S.get_or_init(Default::default).lock().unwrap();
-    sources.entry(ty.id()).or_insert_with(|| {
-        const DEFAULT_TY: &str = "const TY: u32 = 12u;";
-        assert!(MATMUL.contains(DEFAULT_TY), "matmul.wgsl has {DEFAULT_TY:?}");
-        let typed = MATMUL.replacen(DEFAULT_TY, &format!("const TY: u32 = {}u;", ty.id()), 1);
-        Box::leak(format!("{QUANT}{typed}").into_boxed_str())
-    })
+fn source(ty: GgmlType) -> String {
+    const DEFAULT_TY: &str = "const TY: u32 = 12u;";
+    assert!(MATMUL.contains(DEFAULT_TY), "matmul.wgsl has {DEFAULT_TY:?}");
+    let typed = MATMUL.replacen(DEFAULT_TY, &format!("const TY: u32 = {}u;", ty.id()), 1);
+    format!("{QUANT}{typed}")
 }
 
 /// Where token t's vector sits: element `offset + t·stride`.

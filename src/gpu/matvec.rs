@@ -3,8 +3,6 @@
 
 use super::{Gpu, Pass, P};
 use crate::quant::GgmlType;
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 
 const QUANT: &str = include_str!("../../shaders/quant.wgsl");
 const MATVEC: &str = include_str!("../../shaders/matvec.wgsl");
@@ -117,73 +115,64 @@ fn staged_len(cols: u32) -> u32 {
     cols.next_multiple_of(WORKGROUP)
 }
 
-/// A variant, how x is read, subgroup lanes, the expert entry point, the matrices' ggml type id.
-type SourceKey = (Variant, XRead, u32, bool, u32);
-
 /// The longest row a SwiGLU product takes (its activations staged in 8 KiB of workgroup memory at most).
 pub const GLU_MAX_COLS: u32 = 2048;
 
 /// The WGSL of a variant's dense or expert entry point, with x read as `x_read` says and reductions shuffling
-/// across `subgroup` lanes (1: workgroup memory only), for matrices of type `ty`. Built once each.
-fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType) -> &'static str {
-    static S: OnceLock<Mutex<HashMap<SourceKey, &'static str>>> = OnceLock::new();
-    let mut sources = S.get_or_init(Default::default).lock().unwrap();
-    sources.entry((v, x_read, subgroup, experts, ty.id())).or_insert_with(|| {
-        let core = &MATVEC[..MATVEC.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
-        let mut s = if experts { format!("{QUANT}{core}{EXPERTS}") } else { format!("{QUANT}{MATVEC}") };
-        if v.whole_rows {
-            let at = s.find(LANES_SUM[0]).expect("matvec.wgsl marks its lanes sum");
-            let end = at + s[at..].find(LANES_SUM[1]).expect("matvec.wgsl marks its lanes sum's end") + LANES_SUM[1].len();
-            s.replace_range(at..end, "");
+/// across `subgroup` lanes (1: workgroup memory only), for matrices of type `ty`.
+fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType) -> String {
+    let core = &MATVEC[..MATVEC.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
+    let mut s = if experts { format!("{QUANT}{core}{EXPERTS}") } else { format!("{QUANT}{MATVEC}") };
+    if v.whole_rows {
+        super::kernel::replace_marked(&mut s, LANES_SUM, "");
+    }
+    let mut swap = |from: &str, to: &str| {
+        assert!(s.contains(from), "matvec.wgsl has {from:?}");
+        s = s.replacen(from, to, 1);
+    };
+    swap("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows));
+    swap("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic));
+    swap("const TY: u32 = 12u;", &format!("const TY: u32 = {}u;", ty.id()));
+    if subgroup > 1 {
+        swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
+        swap(SUBGROUP_SUM[1], SUBGROUP_SUM[2]);
+    }
+    if v.whole_rows {
+        swap(BLOCK_LOOP[0], BLOCK_LOOP[1]);
+        if experts {
+            swap(EXPERT_SLOT, "let slot = slots[p.slot_base + sel[j]];");
         }
-        let mut swap = |from: &str, to: &str| {
-            assert!(s.contains(from), "matvec.wgsl has {from:?}");
-            s = s.replacen(from, to, 1);
-        };
-        swap("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows));
-        swap("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic));
-        swap("const TY: u32 = 12u;", &format!("const TY: u32 = {}u;", ty.id()));
-        if subgroup > 1 {
-            swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
-            swap(SUBGROUP_SUM[1], SUBGROUP_SUM[2]);
-        }
-        if v.whole_rows {
-            swap(BLOCK_LOOP[0], BLOCK_LOOP[1]);
-            if experts {
-                swap(EXPERT_SLOT, "let slot = slots[p.slot_base + sel[j]];");
-            }
-        }
-        match x_read {
-            XRead::Scalar => {}
-            XRead::Vec4 => {
-                for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
-                    swap(from, to);
-                }
-            }
-            XRead::Glu(_) if v.whole_rows => {
-                for (from, to) in X_SCALAR[1..].iter().zip(X_GLU_DIRECT) {
-                    swap(from, to);
-                }
-            }
-            XRead::Glu(len) => {
-                for (from, to) in X_SCALAR[1..].iter().zip(X_GLU) {
-                    swap(from, to);
-                }
-                swap(STAGE_X, STAGE_GLU);
-                swap("const GLU_LEN: u32 = 2048u;", &format!("const GLU_LEN: u32 = {len}u;"));
-            }
-            XRead::Norm(len) => {
-                assert!(!experts, "the RMSNorm variant is a dense product's");
-                for (from, to) in X_SCALAR[1..].iter().zip(X_NORMED) {
-                    swap(from, to);
-                }
-                swap(STAGE_X, STAGE_NORM);
-                swap("const NORM_LEN: u32 = 3072u;", &format!("const NORM_LEN: u32 = {len}u;"));
-                swap(DENSE_PARAMS, NORM_BINDINGS);
+    }
+    match x_read {
+        XRead::Scalar => {}
+        XRead::Vec4 => {
+            for (from, to) in X_SCALAR.iter().zip(X_VEC4) {
+                swap(from, to);
             }
         }
-        Box::leak(s.into_boxed_str())
-    })
+        XRead::Glu(_) if v.whole_rows => {
+            for (from, to) in X_SCALAR[1..].iter().zip(X_GLU_DIRECT) {
+                swap(from, to);
+            }
+        }
+        XRead::Glu(len) => {
+            for (from, to) in X_SCALAR[1..].iter().zip(X_GLU) {
+                swap(from, to);
+            }
+            swap(STAGE_X, STAGE_GLU);
+            swap("const GLU_LEN: u32 = 2048u;", &format!("const GLU_LEN: u32 = {len}u;"));
+        }
+        XRead::Norm(len) => {
+            assert!(!experts, "the RMSNorm variant is a dense product's");
+            for (from, to) in X_SCALAR[1..].iter().zip(X_NORMED) {
+                swap(from, to);
+            }
+            swap(STAGE_X, STAGE_NORM);
+            swap("const NORM_LEN: u32 = 3072u;", &format!("const NORM_LEN: u32 = {len}u;"));
+            swap(DENSE_PARAMS, NORM_BINDINGS);
+        }
+    }
+    s
 }
 
 /// x1/x4 of a SwiGLU variant: the staged activations.
@@ -331,7 +320,7 @@ fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool, ty: GgmlType) -> 
         XRead::Norm(len) => format!(" norm{len}"),
     };
     let label = format!("{name}.wgsl {ty:?} {}{read}{}", v.name(), if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
-    gpu.kernel_with(&label, name, || source(v, x_read, subgroup, experts, ty))
+    gpu.kernel_built(&label, name, || source(v, x_read, subgroup, experts, ty))
 }
 
 /// How the product reads x: the SwiGLU activation of [gate | up] pairs, the RMSNorm of x, else as vec4 where

@@ -93,7 +93,7 @@ pub fn route_tokens(
     assert!((1..=MAX_USED).contains(&n_used), "{n_used} experts per token (1..={MAX_USED})");
     assert!(n_used <= n_group_used * (n_expert / n_group), "{n_used} experts from {n_group_used} groups of {}", n_expert / n_group);
     let kernel = match gpu.subgroup_lanes() {
-        Some(lanes) if lanes > 1 => gpu.kernel_with(&format!("{LABEL} sg{lanes}"), "moe_route", || route_by_subgroups(lanes)),
+        Some(lanes) if lanes > 1 => gpu.kernel_built(&format!("{LABEL} sg{lanes}"), "moe_route", || route_by_subgroups(lanes)),
         _ => gpu.kernel(LABEL, SHADER, "moe_route"),
     };
     let params = [P::U(n_expert), P::U(n_used), P::U(n_group), P::U(n_group_used), P::U(norm as u32), P::F(scale), P::U(tokens), P::U(sel_offset)];
@@ -133,17 +133,11 @@ const PICK_BY_SUBGROUPS: &str = "fn pick_best(mine: u32, lid: u32, round: u32) -
 }
 ";
 
-/// moe.wgsl with [`PICK_BY_SUBGROUPS`] for subgroups of `lanes` (a power of two). Built once each.
-fn route_by_subgroups(lanes: u32) -> &'static str {
-    static SOURCES: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<u32, &'static str>>> = std::sync::OnceLock::new();
-    let mut sources = SOURCES.get_or_init(Default::default).lock().unwrap();
-    sources.entry(lanes).or_insert_with(|| {
-        let at = SHADER.find(PICK_BEST[0]).expect("moe.wgsl marks pick_best");
-        let end = at + SHADER[at..].find(PICK_BEST[1]).expect("moe.wgsl marks pick_best's end") + PICK_BEST[1].len();
-        let mut s = SHADER.to_string();
-        s.replace_range(at..end, &format!("const PICK_LANES: u32 = {lanes}u;\n{PICK_BY_SUBGROUPS}"));
-        Box::leak(s.into_boxed_str())
-    })
+/// moe.wgsl with [`PICK_BY_SUBGROUPS`] for subgroups of `lanes` (a power of two).
+fn route_by_subgroups(lanes: u32) -> String {
+    let mut s = SHADER.to_string();
+    super::kernel::replace_marked(&mut s, PICK_BEST, &format!("const PICK_LANES: u32 = {lanes}u;\n{PICK_BY_SUBGROUPS}"));
+    s
 }
 
 /// The gated activation of `n` FFNs (experts, or 1 for a dense/shared FFN):

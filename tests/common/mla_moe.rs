@@ -300,8 +300,6 @@ fn route_reference(r: Router, logits: &[f32], bias: &[f32]) -> RouteReference {
     }
 }
 
-/// The selection of one token's `logits`, routed alone and as the middle token of three (a chunk's routing: both
-/// must give the reference's selection).
 /// [`route_once`] with the device's subgroup pick (where it has subgroups), then with the workgroup tree's.
 async fn route_on_gpu(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Selection; 4] {
     let [alone, in_chunk] = route_once(gpu, r, logits, bias).await;
@@ -311,6 +309,8 @@ async fn route_on_gpu(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Se
     [alone, in_chunk, tree_alone, tree_in_chunk]
 }
 
+/// The selection of one token's `logits`, routed alone and as the middle token of three (a chunk's routing: both
+/// must give the reference's selection).
 async fn route_once(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Selection; 2] {
     let words = selection_words(r.n_used);
     let bias_buf = gpu.upload("exp_probs_b", &f32_bytes(bias));
