@@ -130,21 +130,23 @@ fn a_timeline_accounts_for_every_dispatch_and_changes_no_logits() {
     assert!(next.kernels.is_empty() && next.busy_ms == 0.0);
 }
 
-/// Kernels built without naga's forced loop bounding (the engine's default natively) compute what the bounded
-/// ones compute: the same logits through a chunked prefill and decode steps, and the same greedy picks.
+/// Kernels built without wgpu's forced loop bounding and index clamps (the engine's default natively) compute
+/// what fully checked ones compute: the same logits through a chunked prefill of more than 64 tokens (big tiles,
+/// tall expert tiles and row tiles over the chunk's remainder) and decode steps, and the same greedy picks.
 #[test]
-fn kernels_with_and_without_loop_bounding_give_the_same_logits() {
-    let prompt = [2949u32, 3536, 786, 0, 571, 2730, 12, 99];
-    let mut unbounded = engine(&EngineOptions::default());
-    let mut bounded = engine(&EngineOptions::default());
-    bounded.gpu.set_bounded_loops(true);
-    let a = pollster::block_on(unbounded.feed(&prompt)).unwrap();
-    let b = pollster::block_on(bounded.feed(&prompt)).unwrap();
+fn kernels_with_and_without_wgpu_checks_give_the_same_logits() {
+    let prompt: Vec<u32> = (0..70u32).map(|i| i.wrapping_mul(2654435761) % 3500).collect();
+    let options = EngineOptions { prefill_chunk: Some(66), ..Default::default() };
+    let mut unchecked = engine(&options);
+    let mut checked = engine(&options);
+    checked.gpu.set_checked_kernels(true);
+    let a = pollster::block_on(unchecked.feed(&prompt)).unwrap();
+    let b = pollster::block_on(checked.feed(&prompt)).unwrap();
     assert_nearly_equal(&a, &b, "prefill");
     let mut next = argmax(&a);
     for step in 0..4 {
-        let a = pollster::block_on(unbounded.step(next)).unwrap();
-        let b = pollster::block_on(bounded.step(next)).unwrap();
+        let a = pollster::block_on(unchecked.step(next)).unwrap();
+        let b = pollster::block_on(checked.step(next)).unwrap();
         assert_nearly_equal(&a, &b, &format!("step {step}"));
         assert_eq!(argmax(&a), argmax(&b), "step {step}");
         next = argmax(&a);

@@ -65,9 +65,10 @@ pub struct BenchArgs {
     /// One product per matrix for the matrices of a layer that read the same input, instead of one per stack
     #[arg(long)]
     pub no_stacks: bool,
-    /// Kernels with wgpu's forced loop bounding (a counter in every loop), which the engine leaves out natively
+    /// Kernels with all of wgpu's runtime checks (a loop-bounding counter in every loop, and index clamps in the
+    /// matrix-matrix products), which the engine leaves out natively
     #[arg(long)]
-    pub bounded_loops: bool,
+    pub checked_kernels: bool,
     /// Submit a decode step every N layers (0: the whole step in one submission)
     #[arg(long, default_value_t = 2)]
     pub layers_per_submit: usize,
@@ -129,7 +130,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
             eprintln!("{}; memory read {:.0} GB/s (measured here); {:.1} MB read per decode token at the least", engine.gpu.summary, bandwidth, engine.min_bytes_per_token() as f64 / 1e6);
         }
         engine.gpu.set_subgroups(!args.no_subgroups);
-        engine.gpu.set_bounded_loops(args.bounded_loops);
+        engine.gpu.set_checked_kernels(args.checked_kernels);
         engine.set_run_ahead(!args.no_run_ahead);
         let before = rows.len();
         if args.profile {
@@ -178,9 +179,10 @@ pub struct BenchKernelsArgs {
     /// Measure only the reductions through workgroup memory, not also the subgroup ones
     #[arg(long)]
     pub no_subgroups: bool,
-    /// Kernels with wgpu's forced loop bounding (a counter in every loop), which the engine leaves out natively
+    /// Kernels with all of wgpu's runtime checks (a loop-bounding counter in every loop, and index clamps in the
+    /// matrix-matrix products), which the engine leaves out natively
     #[arg(long)]
-    pub bounded_loops: bool,
+    pub checked_kernels: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -255,7 +257,7 @@ async fn time_passes(gpu: &Gpu, reps: u32, probe: &wgpu::Buffer, mut record: imp
 pub fn kernels(args: &BenchKernelsArgs) -> Result<(), String> {
     pollster::block_on(async {
         let gpu = Gpu::new().await.map_err(|e| e.0)?;
-        gpu.set_bounded_loops(args.bounded_loops);
+        gpu.set_checked_kernels(args.checked_kernels);
         let limits = gpu.device.limits();
         let limit = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         let read = bench::read_bandwidth(&gpu, 1 << 30, 20, 5).await?;

@@ -130,8 +130,8 @@ pub struct Gpu {
     subgroup_lanes: Option<u32>,
     subgroups_on: std::cell::Cell<bool>,
     cpu_kernels_on: std::cell::Cell<bool>,
-    /// Whether kernels built from now on keep naga's forced loop bounding ([`Gpu::set_bounded_loops`]).
-    loops_bounded: std::cell::Cell<bool>,
+    /// Whether kernels built from now on keep all of wgpu's runtime checks ([`Gpu::set_checked_kernels`]).
+    kernels_checked: std::cell::Cell<bool>,
     /// While recording a timeline ([`Gpu::start_timeline`]): the submissions' timestamps on their way back.
     timeline: std::cell::RefCell<Option<Vec<timeline::Stamps>>>,
 }
@@ -212,7 +212,7 @@ impl Gpu {
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
             subgroup_lanes,
         };
-        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), cpu_kernels_on: std::cell::Cell::new(true), loops_bounded: std::cell::Cell::new(false), timeline: Default::default() })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), cpu_kernels_on: std::cell::Cell::new(true), kernels_checked: std::cell::Cell::new(false), timeline: Default::default() })
     }
 
     /// Whether to take the kernels for a CPU adapter (SwiftShader, lavapipe; in the browser, a fallback
@@ -242,11 +242,12 @@ impl Gpu {
         self.subgroups_on.set(on);
     }
 
-    /// On: kernels built from now on keep naga's forced loop bounding (a counter in every loop), which wgpu adds
-    /// by default and the engine leaves out (see `Gpu::kernel_with`); to measure what it costs and to test that
-    /// the kernels compute the same either way. Native only: the browser's WebGPU compiles WGSL its own way.
-    pub fn set_bounded_loops(&self, on: bool) {
-        self.loops_bounded.set(on);
+    /// On: kernels built from now on keep all of wgpu's runtime checks (naga's forced loop bounding, a counter in
+    /// every loop, and its index clamps), which the engine leaves out where it can (see `Gpu::kernel_with`); to
+    /// measure what they cost and to test that the kernels compute the same either way. Native only: the
+    /// browser's WebGPU compiles WGSL its own way.
+    pub fn set_checked_kernels(&self, on: bool) {
+        self.kernels_checked.set(on);
     }
 
     pub fn counters(&self) -> GpuCounters {
