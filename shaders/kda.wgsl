@@ -426,7 +426,7 @@ fn kda_qk_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_
 
 const DC_LANES: u32 = 8u;
 const DC_COLS: u32 = 32u;
-const DC_SPAN: u32 = 32u; // so head_dim ≤ 256
+const DC_SPAN: u32 = 32u; // so head_dim ≤ 256; kda.rs sets it to the model's head_dim / DC_LANES
 
 struct DeltaChunkParams {
     n_head: u32,
