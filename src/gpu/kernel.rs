@@ -45,7 +45,7 @@ pub fn replace_marked(source: &mut String, marks: [&str; 2], with: &str) {
 /// bindings (Vulkan's robustBufferAccess, which wgpu enables, keeps them there regardless). In the browser Tint
 /// clamps them all the same, and the browser tests run these kernels; `forward`'s test of the checked kernels
 /// runs them both ways. On the H100, without the clamps a 2048-token chunk of the Flash-width model prefilled
-/// 6 % faster (`lingtab bench --checked-kernels` measures both); decode did not move.
+/// 5 % faster (`lingtab bench --checked-kernels` measures both); decode did not move.
 const UNCLAMPED: &[&str] = &["matmul.wgsl"];
 
 /// Compiled kernels by (label, entry point), so each WGSL entry point is compiled once per device.
