@@ -38,6 +38,12 @@ pub fn replace_marked(source: &mut String, marks: [&str; 2], with: &str) {
     source.replace_range(at..end, with);
 }
 
+/// `source` with its first `from` (a line the shader must have, such as a constant's default) replaced by `to`.
+pub fn replace_once(source: &mut String, from: &str, to: &str) {
+    let at = source.find(from).unwrap_or_else(|| panic!("the shader has {from:?}"));
+    source.replace_range(at..at + from.len(), to);
+}
+
 /// Shaders built without naga's index clamps natively. Every index into their workgroup and local arrays is a
 /// constant, or made of local_invocation_index (below the workgroup size) and loop counters bounded by constants,
 /// and stays below its array's length by the tile layouts the shader describes (each tile's largest index was

@@ -149,10 +149,9 @@ fn kernel(gpu: &Gpu, ty: GgmlType, entry: &str) -> std::rc::Rc<super::Kernel> {
 }
 
 fn source(ty: GgmlType) -> String {
-    const DEFAULT_TY: &str = "const TY: u32 = 12u;";
-    assert!(MATMUL.contains(DEFAULT_TY), "matmul.wgsl has {DEFAULT_TY:?}");
-    let typed = MATMUL.replacen(DEFAULT_TY, &format!("const TY: u32 = {}u;", ty.id()), 1);
-    format!("{QUANT}{typed}")
+    let mut s = format!("{QUANT}{MATMUL}");
+    super::kernel::replace_once(&mut s, "const TY: u32 = 12u;", &format!("const TY: u32 = {}u;", ty.id()));
+    s
 }
 
 /// Where token t's vector sits: element `offset + t·stride`.

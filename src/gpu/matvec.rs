@@ -126,10 +126,7 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
     if v.whole_rows {
         super::kernel::replace_marked(&mut s, LANES_SUM, "");
     }
-    let mut swap = |from: &str, to: &str| {
-        assert!(s.contains(from), "matvec.wgsl has {from:?}");
-        s = s.replacen(from, to, 1);
-    };
+    let mut swap = |from: &str, to: &str| super::kernel::replace_once(&mut s, from, to);
     swap("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows));
     swap("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic));
     swap("const TY: u32 = 12u;", &format!("const TY: u32 = {}u;", ty.id()));
