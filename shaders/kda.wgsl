@@ -83,6 +83,28 @@ fn tree_sum_ab(lid: u32) {
     }
 }
 
+// The delta rule's sums over a value column's DC_LANES lanes (aligned neighbours), in every lane of the column:
+// through sum_a (u) or sum_b (o), a barrier each, lane order. The next call's writes to the same array come
+// after the other's barrier, which every lane reaches only once it has read. Every invocation calls them.
+// column sums:
+fn column_sum_a(v: f32, lid: u32) -> f32 {
+    sum_a[lid] = v;
+    workgroupBarrier();
+    let first = lid - lid % DC_LANES;
+    var total = 0.0;
+    for (var l = 0u; l < DC_LANES; l++) { total += sum_a[first + l]; }
+    return total;
+}
+fn column_sum_b(v: f32, lid: u32) -> f32 {
+    sum_b[lid] = v;
+    workgroupBarrier();
+    let first = lid - lid % DC_LANES;
+    var total = 0.0;
+    for (var l = 0u; l < DC_LANES; l++) { total += sum_b[first + l]; }
+    return total;
+}
+// column sums end
+
 // ---------------------------------------------------------------------------------------------------------------
 // kda_head_norm_gate: one workgroup per head; lane j < head_dim owns element j.
 
@@ -254,11 +276,7 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
                 u += s[n] * k_hat[i];
             }
         }
-        sum_a[lid] = u;
-        workgroupBarrier();
-        var u_total = 0.0;
-        for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
-        let delta = beta * (v_in[min(j, WORKGROUP - 1u)] - u_total);
+        let delta = beta * (v_in[min(j, WORKGROUP - 1u)] - column_sum_a(u, lid));
         var o_part = 0.0;
         for (var n = 0u; n < DC_SPAN; n++) {
             let i = lane + n * DC_LANES;
@@ -271,16 +289,11 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
             let i = lane + n * DC_LANES;
             if (valid && i < d) { store_step_state(column + i, s[n]); }
         }
-        sum_b[lid] = o_part;
-        workgroupBarrier();
-        if (valid && lane == 0u) {
-            var o_total = 0.0;
-            for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
-            o_column[j] = o_total * inv_sqrt_d;
-        }
-        // every lane has read this pass's partials before the next pass writes them
-        workgroupBarrier();
+        let o_total = column_sum_b(o_part, lid);
+        if (valid && lane == 0u) { o_column[j] = o_total * inv_sqrt_d; }
     }
+    // every column's o is in o_column
+    workgroupBarrier();
     var o = 0.0;
     if (lid < d) { o = o_column[lid]; }
 
@@ -471,7 +484,8 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let block = max(min(DC_STAGE / per_token, DC_TOKENS), 1u);
     for (var t0 = 0u; t0 < p.tokens; t0 += block) {
         let count = min(block, p.tokens - t0);
-        // every read of the block before is done: the last token's o barrier came after them
+        // every read of the block before is done (with subgroup sums, no barrier per token orders them)
+        workgroupBarrier();
         for (var at = lid; at < count * per_token; at += WORKGROUP) {
             let t = t0 + at / per_token;
             let which = (at % per_token) / d;
@@ -502,11 +516,7 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
                     u += decayed * dc_stage[k_at + i];
                 }
             }
-            sum_a[lid] = u;
-            workgroupBarrier();
-            var u_total = 0.0;
-            for (var l = 0u; l < DC_LANES; l++) { u_total += sum_a[col * DC_LANES + l]; }
-            let delta = dc_beta[tt] * (dc_v[tt * DC_COLS + col] - u_total);
+            let delta = dc_beta[tt] * (dc_v[tt * DC_COLS + col] - column_sum_a(u, lid));
             var o = 0.0;
             for (var n = 0u; n < DC_SPAN; n++) {
                 let i = lane + n * DC_LANES;
@@ -516,11 +526,8 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
                     o += updated * dc_stage[q_at + i];
                 }
             }
-            sum_b[lid] = o;
-            workgroupBarrier();
+            let o_total = column_sum_b(o, lid);
             if (valid && lane == 0u) {
-                var o_total = 0.0;
-                for (var l = 0u; l < DC_LANES; l++) { o_total += sum_b[col * DC_LANES + l]; }
                 let out = (t0 + tt) * dim + h * d + j;
                 if (out < arrayLength(&dc_o)) { dc_o[out] = o_total * inv_sqrt_d; }
             }

@@ -98,6 +98,16 @@ fn kda_delta_chunk_matches_the_reference() {
     pollster::block_on(common::kda::kda_delta_chunk_matches_the_reference(&gpu()));
 }
 
+/// The delta rule's column sums through workgroup memory, as on a device without subgroups (the browser's,
+/// through wgpu), on this one that has them (the two tests above shuffle).
+#[test]
+fn kda_without_subgroups_matches_the_references() {
+    let gpu = gpu();
+    gpu.set_subgroups(false);
+    pollster::block_on(common::kda::kda_step_matches_the_four_references(&gpu));
+    pollster::block_on(common::kda::kda_delta_chunk_matches_the_reference(&gpu));
+}
+
 #[test]
 fn kda_gates_match_cpu_reference() {
     pollster::block_on(common::kda::kda_gates_match_cpu_reference(&gpu()));
