@@ -43,6 +43,11 @@ struct Params {
     glu_limit: f32,
     // RMSNorm variants: the product's input is rms_norm(x)·norm_w with this ε (see stage_x)
     norm_eps: f32,
+    // experts only: batch shared_z (none when it is past the grid) is the layer's shared expert, read from pool
+    // slot shared_slot, its SwiGLU clamped at glu_limit_shared
+    shared_z: u32,
+    shared_slot: u32,
+    glu_limit_shared: f32,
 }
 
 const WG: u32 = 256u;
@@ -55,6 +60,8 @@ const MAGIC: bool = true;
 // branch on p.ty; on the H100 a Flash-width step 1.05×)
 const TY: u32 = 12u;
 var<workgroup> partial: array<f32, WG * ROWS>;
+// the SwiGLU variants' clamp for this workgroup's batch (each entry point sets it before staging x)
+var<private> glu_limit: f32;
 
 // Lanes a subgroup is sure to hold, and the sum of v over each aligned run of `width` (≤ SUBGROUP) of them.
 // Without subgroups (this version) SUBGROUP is 1 and the sums go through workgroup memory; on a device with
@@ -295,6 +302,7 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: v
     // workgroups past the last row (a grid rounded up over two dimensions) do nothing
     if (first >= p.rows) { return; }
     let b = wg.z;
+    glu_limit = p.glu_limit;
     let xb = stage_x(p.x_offset + b * p.x_stride, lid, all(wg == vec3<u32>(0u)));
     let sums = rows_dot(p.w_offset + b * p.w_stride, first, xb, lid);
     store_rows(first, lid, p.y_offset + b * p.y_stride, sums);

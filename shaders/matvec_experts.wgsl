@@ -1,4 +1,5 @@
-// The expert entry point of matvec.wgsl: it replaces the dense entry point there and shares the rest.
+// The expert entry point of matvec.wgsl: it replaces the dense entry point there and shares the rest. Batch j of
+// the grid is the j-th selected expert, or (j = shared_z) the layer's shared expert in its own slot of the pool.
 
 @group(0) @binding(0) var<storage, read> weights: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -11,13 +12,20 @@
 
 var<workgroup> selected_slot: u32;
 
+// The pool slot of batch j: the j-th selected expert's, or the shared expert's.
+fn expert_slot(j: u32) -> u32 {
+    if (j == p.shared_z) { return p.shared_slot; }
+    return slots[p.slot_base + sel[j]];
+}
+
 @compute @workgroup_size(256)
 fn matvec_experts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let first = first_row(wg, n_wg);
     if (first >= p.rows) { return; }
     let j = wg.z;
-    if (lid == 0u) { selected_slot = slots[p.slot_base + sel[j]]; }
+    glu_limit = select(p.glu_limit, p.glu_limit_shared, j == p.shared_z);
+    if (lid == 0u) { selected_slot = expert_slot(j); }
     // one load for the workgroup, and uniform control flow for the barriers in rows_dot
     let slot = workgroupUniformLoad(&selected_slot);
     if (slot / p.slots_per_chunk != p.chunk) { return; }

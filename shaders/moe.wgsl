@@ -45,11 +45,14 @@ struct RouteParams {
 var<workgroup> expert_scores: array<f32, MAX_EXPERTS>;
 // σ(logit) of each expert: the picks' weights, without reading the logits again
 var<workgroup> expert_gates: array<f32, MAX_EXPERTS>;
+// each group's two best scores, its score (their sum), its rank among the groups, and the groups by rank
+var<workgroup> group_first: array<f32, MAX_GROUPS>;
+var<workgroup> group_second: array<f32, MAX_GROUPS>;
 var<workgroup> group_scores: array<f32, MAX_GROUPS>;
-var<workgroup> group_kept: array<bool, MAX_GROUPS>;
-// each invocation's candidate of a pick round (two rounds' worth: the subgroup pick alternates halves)
-var<workgroup> best_scores: array<f32, 512>;
-var<workgroup> best_experts: array<u32, 512>;
+var<workgroup> group_rank: array<u32, MAX_GROUPS>;
+var<workgroup> groups_by_rank: array<u32, MAX_GROUPS>;
+// the experts that can be picked: the n_used + 1 best of each kept group, at (group rank, rank in the group)
+var<workgroup> candidates: array<u32, MAX_EXPERTS>;
 var<workgroup> picked: array<u32, MAX_USED + 1u>; // the n_used picks, then the runner-up
 var<private> route_token: u32;
 
@@ -65,67 +68,28 @@ fn route_logit(e: u32) -> f32 {
     return route_logits[route_token * route_params.n_expert + e];
 }
 
-// Candidate a (score, expert; NONE = no candidate) beats b: higher score, or equal score and lower index.
-fn beats(score_a: f32, expert_a: u32, score_b: f32, expert_b: u32) -> bool {
-    return expert_a != NONE && (expert_b == NONE || score_a > score_b || (score_a == score_b && expert_a < expert_b));
+// Candidate a (score, index) beats b: a higher score, or an equal score and a lower index (a strict order).
+fn beats(score_a: f32, index_a: u32, score_b: f32, index_b: u32) -> bool {
+    return score_a > score_b || (score_a == score_b && index_a < index_b);
 }
 
-// Thread 0 keeps the best groups (a strict > scan, so the lower index wins ties) and writes the group margin.
-fn keep_best_groups() {
-    let p = route_params;
-    var last_kept = 0.0;
-    for (var j = 0u; j < p.n_group_used; j++) {
-        var best = NONE;
-        for (var g = 0u; g < p.n_group; g++) {
-            if (!group_kept[g] && (best == NONE || group_scores[g] > group_scores[best])) {
-                best = g;
-            }
-        }
-        group_kept[best] = true;
-        last_kept = group_scores[best];
+// Expert e's rank among the experts of its group (how many beat it), when e is an expert.
+fn rank_in_group(e: u32, group_size: u32) -> u32 {
+    if (e >= route_params.n_expert) { return NONE; }
+    let first = (e / group_size) * group_size;
+    let s = expert_scores[e];
+    var rank = 0u;
+    for (var f = first; f < first + group_size; f++) {
+        if (beats(expert_scores[f], f, s, e)) { rank++; }
     }
-    var best_dropped = NONE;
-    for (var g = 0u; g < p.n_group; g++) {
-        if (!group_kept[g] && (best_dropped == NONE || group_scores[g] > group_scores[best_dropped])) {
-            best_dropped = g;
-        }
-    }
-    var margin = INF_BITS;
-    if (best_dropped != NONE) {
-        margin = bitcast<u32>(last_kept - group_scores[best_dropped]);
-    }
-    store_sel(2u * p.n_used, margin);
+    return rank;
 }
 
-fn score_of(expert: u32) -> f32 {
-    if (expert == NONE) {
-        return 0.0;
-    }
-    return expert_scores[expert];
-}
-
-// pick_best: the best of the workgroup's candidates `mine` in round `round`, returned to every invocation (all
-// call it). A tree through workgroup memory, ten barriers; moe.rs puts a subgroup version in its place (marked
-// by these comments) where the device shuffles across subgroups.
-fn pick_best(mine: u32, lid: u32, round: u32) -> u32 {
-    best_experts[lid] = mine;
-    best_scores[lid] = score_of(mine);
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
-        if (lid < stride && beats(best_scores[lid + stride], best_experts[lid + stride], best_scores[lid], best_experts[lid])) {
-            best_scores[lid] = best_scores[lid + stride];
-            best_experts[lid] = best_experts[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    let best = best_experts[0];
-    // every invocation has read the winner before the next round writes
-    workgroupBarrier();
-    return best;
-}
-// pick_best end
-
-// One workgroup per token; each invocation owns experts lid and lid + 256.
+// One workgroup per token; each invocation owns experts lid and lid + 256. Every choice is by rank (how many
+// candidates beat one), with no rounds: each expert's rank in its group gives the groups' two best scores; each
+// group's rank among the groups says whether it is kept; an expert among the n_used picks or the runner-up is
+// beaten by none but the n_used best of each kept group (had a group n_used + 1 experts that beat it, it would
+// be beaten by more than n_used), so its rank among those candidates is its rank among all kept experts.
 @compute @workgroup_size(256)
 fn moe_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
@@ -134,74 +98,90 @@ fn moe_route(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg
     if (token >= p.tokens) { return; }
     route_token = token;
     let group_size = p.n_expert / p.n_group;
-    for (var e = lid; e < p.n_expert; e += 256u) {
-        let gate = sigmoid(route_logit(e));
-        expert_gates[e] = gate;
-        expert_scores[e] = gate + route_bias[e];
+    // both experts' loads before either is used (the index clamped: a load behind a branch waits for it)
+    let experts = vec2<u32>(lid, lid + 256u);
+    let last = p.n_expert - 1u;
+    let logits = vec2<f32>(route_logit(min(experts.x, last)), route_logit(min(experts.y, last)));
+    let bias = vec2<f32>(route_bias[min(experts.x, last)], route_bias[min(experts.y, last)]);
+    for (var c = 0u; c < 2u; c++) {
+        if (experts[c] < p.n_expert) {
+            let gate = sigmoid(logits[c]);
+            expert_gates[experts[c]] = gate;
+            expert_scores[experts[c]] = gate + bias[c];
+        }
     }
+    if (lid < MAX_GROUPS) {
+        group_first[lid] = -3.4e38;
+        group_second[lid] = -3.4e38;
+    }
+    if (lid <= MAX_USED) { picked[lid] = NONE; }
+    workgroupBarrier();
+
+    // a group scores the sum of its best two (the experts of rank 0 and 1 in it)
+    let ranks = vec2<u32>(rank_in_group(experts.x, group_size), rank_in_group(experts.y, group_size));
+    for (var c = 0u; c < 2u; c++) {
+        let g = experts[c] / group_size;
+        if (ranks[c] == 0u) { group_first[g] = expert_scores[experts[c]]; }
+        if (ranks[c] == 1u) { group_second[g] = expert_scores[experts[c]]; }
+    }
+    workgroupBarrier();
+    if (lid < p.n_group) { group_scores[lid] = group_first[lid] + group_second[lid]; }
     workgroupBarrier();
     if (lid < p.n_group) {
-        var first = -3.4e38;
-        var second = -3.4e38;
-        for (var e = lid * group_size; e < (lid + 1u) * group_size; e++) {
-            let s = expert_scores[e];
-            if (s > first) {
-                second = first;
-                first = s;
-            } else if (s > second) {
-                second = s;
-            }
+        let s = group_scores[lid];
+        var rank = 0u;
+        for (var g = 0u; g < p.n_group; g++) {
+            if (beats(group_scores[g], g, s, lid)) { rank++; }
         }
-        group_scores[lid] = first + second;
-        group_kept[lid] = false;
-    }
-    workgroupBarrier();
-    if (lid == 0u) {
-        keep_best_groups();
+        group_rank[lid] = rank;
+        groups_by_rank[rank] = lid;
     }
     workgroupBarrier();
 
-    var candidates = array<u32, 2>(lid, lid + 256u);
+    let per_group = min(p.n_used + 1u, group_size);
     for (var c = 0u; c < 2u; c++) {
-        if (candidates[c] >= p.n_expert || !group_kept[candidates[c] / group_size]) {
-            candidates[c] = NONE;
+        if (ranks[c] < per_group) {
+            let group_at = group_rank[experts[c] / group_size];
+            if (group_at < p.n_group_used) { candidates[group_at * per_group + ranks[c]] = experts[c]; }
         }
     }
-    // n_used rounds of a workgroup argmax, plus one for the runner-up
-    for (var j = 0u; j <= p.n_used; j++) {
-        var mine = candidates[0];
-        if (beats(score_of(candidates[1]), candidates[1], score_of(mine), mine)) {
-            mine = candidates[1];
+    workgroupBarrier();
+    let n_candidates = p.n_group_used * per_group;
+    for (var i = lid; i < n_candidates; i += 256u) {
+        let e = candidates[i];
+        let s = expert_scores[e];
+        var rank = 0u;
+        for (var m = 0u; m < n_candidates; m++) {
+            let f = candidates[m];
+            if (beats(expert_scores[f], f, s, e)) { rank++; }
         }
-        let best = pick_best(mine, lid, j);
-        // (only invocation 0 reads the picks back)
-        if (lid == 0u) {
-            picked[j] = best;
-        }
-        for (var c = 0u; c < 2u; c++) {
-            if (candidates[c] == best) {
-                candidates[c] = NONE;
-            }
-        }
+        if (rank <= p.n_used) { picked[rank] = e; }
     }
+    workgroupBarrier();
 
-    if (lid == 0u) {
+    // pick j's weight, by invocation j (each sums the picks' gates in the same order)
+    if (lid < p.n_used) {
         var sum = 0.0;
         for (var j = 0u; j < p.n_used; j++) {
             sum += expert_gates[picked[j]];
         }
         let denominator = max(sum, MIN_WEIGHT_SUM);
-        for (var j = 0u; j < p.n_used; j++) {
-            var weight = expert_gates[picked[j]];
-            if (p.norm != 0u) {
-                weight /= denominator;
-            }
-            if (p.scale != 0.0 && p.scale != 1.0) {
-                weight *= p.scale;
-            }
-            store_sel(j, picked[j]);
-            store_sel(p.n_used + j, bitcast<u32>(weight));
+        var weight = expert_gates[picked[lid]];
+        if (p.norm != 0u) {
+            weight /= denominator;
         }
+        if (p.scale != 0.0 && p.scale != 1.0) {
+            weight *= p.scale;
+        }
+        store_sel(lid, picked[lid]);
+        store_sel(p.n_used + lid, bitcast<u32>(weight));
+    }
+    if (lid == 0u) {
+        var group_margin = INF_BITS;
+        if (p.n_group_used < p.n_group) {
+            group_margin = bitcast<u32>(group_scores[groups_by_rank[p.n_group_used - 1u]] - group_scores[groups_by_rank[p.n_group_used]]);
+        }
+        store_sel(2u * p.n_used, group_margin);
         let runner_up = picked[p.n_used];
         var margin = INF_BITS;
         if (runner_up != NONE) {

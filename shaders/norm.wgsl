@@ -21,9 +21,11 @@ struct Params {
 
 const WG: u32 = 256u;
 var<workgroup> partial: array<f32, 256>;
-// values per invocation a row may have to be held in registers (rows of up to 4096): a row held is loaded once,
-// all its loads issued before the first is used (a loop that uses each load before the next waits a memory
-// latency per value)
+// values per invocation a row may have to be held in registers (rows of up to 4096; norm.rs sizes moe_sum_norm's
+// to its row): a row held is loaded once, all its loads issued before the first is used (a loop that uses each
+// load before the next waits a memory latency per value). Those loads are unconditional, their index clamped into
+// the row (a lane past its end loads a value it never uses): a load behind a branch is issued only once the
+// branch is taken, so the driver issued them one latency apart.
 const HELD: u32 = 16u;
 const EXPERTS_AT_ONCE: u32 = 8u;
 
@@ -39,16 +41,19 @@ fn workgroup_sum(value: f32, lid: u32) -> f32 {
 }
 
 // y[y_at + i] = v / √(mean v² + ε) · w[i] for a row of n values held as `v` (value i = lid + k·WG at v[k]).
+// The weights are loaded before the reduction, so their latency passes behind it.
 fn store_norm_held(v: array<f32, HELD>, n: u32, eps: f32, y_at: u32, lid: u32) {
     var acc = 0.0;
+    var weight: array<f32, HELD>;
     for (var k = 0u; k < HELD; k++) {
+        weight[k] = w[min(lid + k * WG, n - 1u)];
         if (lid + k * WG < n) { acc += v[k] * v[k]; }
     }
     let scale = 1.0 / sqrt(workgroup_sum(acc, lid) / f32(n) + eps);
     for (var k = 0u; k < HELD; k++) {
         let i = lid + k * WG;
         let out = y_at + i;
-        if (i < n && out < arrayLength(&y)) { y[out] = (v[k] * scale) * w[i]; }
+        if (i < n && out < arrayLength(&y)) { y[out] = (v[k] * scale) * weight[k]; }
     }
 }
 
@@ -62,8 +67,7 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     if (p.n <= WG * HELD) {
         var v: array<f32, HELD>;
         for (var k = 0u; k < HELD; k++) {
-            let i = lid + k * WG;
-            if (i < p.n) { v[k] = x[x_at + i]; }
+            v[k] = x[x_at + min(lid + k * WG, p.n - 1u)];
         }
         store_norm_held(v, p.n, p.eps, y_at, lid);
         return;
@@ -86,6 +90,8 @@ struct SumNormParams {
     hidden: u32,
     n_used: u32,
     eps: f32,
+    // where the shared expert's output starts in sum_shared
+    shared_at: u32,
 }
 
 // the residual row, updated in place (rms_norm's x is read-only: this entry point binds its own)
@@ -101,28 +107,30 @@ struct SumNormParams {
 fn moe_sum_norm(@builtin(local_invocation_index) lid: u32) {
     let n = sum_params.hidden;
     let n_used = sum_params.n_used;
-    // expert by expert, each expert's values of the row loaded together (one workgroup: an expert's loads
-    // that waited for the one before would cost a latency apiece)
+    let last = n - 1u;
+    // the residual and the shared expert's output first, then expert by expert, each expert's values of the row
+    // loaded together
+    var v: array<f32, HELD>;
+    var shared_out: array<f32, HELD>;
+    for (var k = 0u; k < HELD; k++) {
+        let i = min(lid + k * WG, last);
+        v[k] = sum_x[i];
+        shared_out[k] = sum_shared[sum_params.shared_at + i];
+    }
     var routed: array<f32, HELD>;
     for (var j0 = 0u; j0 < n_used; j0 += EXPERTS_AT_ONCE) {
-        // EXPERTS_AT_ONCE experts' loads in flight together: a loop of known length the driver unrolls
+        // EXPERTS_AT_ONCE experts' loads in flight together: a loop of known length the driver unrolls. An
+        // expert past n_used adds 0·(the last expert's values), which leaves every sum as it was
         for (var dj = 0u; dj < EXPERTS_AT_ONCE; dj++) {
-            let j = j0 + dj;
-            if (j < n_used) {
-                let weight = bitcast<f32>(sum_sel[n_used + j]);
-                for (var k = 0u; k < HELD; k++) {
-                    let i = lid + k * WG;
-                    if (i < n) { routed[k] += weight * sum_expert_out[j * n + i]; }
-                }
+            let j = min(j0 + dj, n_used - 1u);
+            let weight = select(0.0, bitcast<f32>(sum_sel[n_used + j]), j0 + dj < n_used);
+            for (var k = 0u; k < HELD; k++) {
+                routed[k] += weight * sum_expert_out[j * n + min(lid + k * WG, last)];
             }
         }
     }
-    var v: array<f32, HELD>;
     for (var k = 0u; k < HELD; k++) {
-        let i = lid + k * WG;
-        if (i < n) { v[k] = sum_x[i] + (routed[k] + sum_shared[i]); }
-    }
-    for (var k = 0u; k < HELD; k++) {
+        v[k] = v[k] + (routed[k] + shared_out[k]);
         let i = lid + k * WG;
         if (i < n && i < arrayLength(&sum_x)) { sum_x[i] = v[k]; }
     }

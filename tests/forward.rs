@@ -189,6 +189,36 @@ fn stacked_and_separate_products_give_the_same_logits() {
     assert!(dispatches[0] < dispatches[1], "stacked {} vs separate {} dispatches", dispatches[0], dispatches[1]);
 }
 
+/// An MoE layer's shared expert run as one more batch of its selected experts' products (from a pool slot of its
+/// own), or as products of its own: the same logits within the drivers' choice of fused multiply-adds, two
+/// dispatches fewer per MoE layer riding; with every expert resident, and streamed into a pool split over
+/// buffers (its shared experts' slots after the cache's, in buffers of their own).
+#[test]
+fn shared_experts_riding_or_apart_give_the_same_logits() {
+    let tokens = [2949u32, 3536, 786, 0, 571, 2730];
+    let mut riding = engine(&EngineOptions::default());
+    let mut apart = engine(&EngineOptions { shared_rides: Some(false), ..Default::default() });
+    let slot = riding.stats().slot_bytes;
+    let streaming_options = EngineOptions { pool_bytes: Some(12 * slot), max_binding: Some(4 * slot), ..Default::default() };
+    let mut streaming = common::fixture::open(&common::fixture::model(), &streaming_options);
+    assert!(streaming.is_streaming());
+    let moe_layers = riding.config.moe_layers().count() as u64;
+    for &t in &tokens {
+        let before = [riding.gpu.counters().dispatches, apart.gpu.counters().dispatches];
+        let a = pollster::block_on(riding.step(t)).unwrap();
+        let b = pollster::block_on(apart.step(t)).unwrap();
+        let c = pollster::block_on(streaming.step(t)).unwrap();
+        assert_nearly_equal(&a, &b, &format!("token {t}, riding or apart"));
+        assert_eq!(a, c, "token {t}, resident or streamed");
+        let dispatches = [riding.gpu.counters().dispatches - before[0], apart.gpu.counters().dispatches - before[1]];
+        assert_eq!(dispatches[0] + 2 * moe_layers, dispatches[1], "token {t}: dispatches riding and apart");
+    }
+    // the riders' slots are dense weights' copies, counted with them
+    let (r, a) = (riding.gpu_bytes(), apart.gpu_bytes());
+    assert_eq!(r.dense_weights, a.dense_weights + moe_layers * slot);
+    assert_eq!(r.expert_pool, a.expert_pool);
+}
+
 /// The parts of a make-tiny model rewritten with edited metadata and without the tensor `drop`.
 fn rewritten(edit: impl Fn(&mut Vec<(String, Value)>), drop: Option<&str>) -> Vec<MemorySource> {
     let mut options = TinyOptions::tiny(9);

@@ -65,6 +65,9 @@ pub struct BenchArgs {
     /// One product per matrix for the matrices of a layer that read the same input, instead of one per stack
     #[arg(long)]
     pub no_stacks: bool,
+    /// An MoE layer's shared expert as products of its own, not as one more batch of its selected experts'
+    #[arg(long)]
+    pub no_riding: bool,
     /// Kernels with all of wgpu's runtime checks (a loop-bounding counter in every loop, and index clamps in the
     /// matrix-matrix products), which the engine leaves out natively
     #[arg(long)]
@@ -96,7 +99,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
         }
     }
     let longest = prompts.iter().max().copied().unwrap_or(0) + args.decode;
-    let options = EngineOptions { n_ctx: Some(options.n_ctx.unwrap_or(0).max(longest)), stack_products: Some(!args.no_stacks), ..options.clone() };
+    let options = EngineOptions { n_ctx: Some(options.n_ctx.unwrap_or(0).max(longest)), stack_products: Some(!args.no_stacks), shared_rides: Some(!args.no_riding), ..options.clone() };
     let plan = BenchPlan { prompts, decode: args.decode, chunks, seed: args.seed };
     let mut rows: Vec<BenchRow> = Vec::new();
     // the floor's read rate on a device of its own, before a model is loaded: read beside a loaded model's buffers
@@ -418,7 +421,7 @@ async fn layer_kernels(gpu: &Gpu, reps: u32, read: f64) -> Result<Vec<KernelRow>
     rows.push(time("dispatch floor, an output each (none)", 0, time_passes(gpu, reps, &outs[0], |p, i| matvec::matvec(gpu, p, &tiny_w, tiny, &tiny_x, 0, &outs[i as usize % outs.len()], 0)).await?));
     let hb = hidden as u64 * 4;
     rows.push(time("rms_norm 2560", 3 * hb, time_passes(gpu, reps, &h, |p, _| norm::rms_norm(gpu, p, &x, 0, &w, &h, 0, hidden, 1e-6)).await?));
-    rows.push(time("moe_sum_norm 2560, 8 experts", (k as u64 + 4) * hb, time_passes(gpu, reps, &h, |p, _| norm::moe_sum_norm(gpu, p, &expert_out, &weights_sel, &shared, k, &x, &w, &h, hidden, 1e-6)).await?));
+    rows.push(time("moe_sum_norm 2560, 8 experts", (k as u64 + 4) * hb, time_passes(gpu, reps, &h, |p, _| norm::moe_sum_norm(gpu, p, &expert_out, &weights_sel, &shared, 0, k, &x, &w, &h, hidden, 1e-6)).await?));
     rows.push(time("moe_accumulate 2560, 8 experts", (k as u64 + 3) * hb, time_passes(gpu, reps, &h, |p, _| moe::accumulate(gpu, p, &expert_out, &weights_sel, &shared, &x, hidden, k)).await?));
     rows.push(time("moe_route 512 → 8 (8 groups, 4 kept)", 2 * n_expert as u64 * 4, time_passes(gpu, reps, &h, |p, _| moe::route(gpu, p, &logits, &bias, &sel, n_expert, k, 8, 4, true, 2.5)).await?));
     let state_bytes = 2 * dim as u64 * step.head_dim as u64 * 4;

@@ -50,6 +50,7 @@ pub struct State {
     router_logits: wgpu::Buffer,
     /// each MoE layer's router output (kept per layer so its routing margins can be read after a step)
     pub sel: Vec<Option<wgpu::Buffer>>,
+    /// the selected experts' outputs, then a riding shared expert's
     experts_out: wgpu::Buffer,
     shared_gu: wgpu::Buffer,
     shared_act: wgpu::Buffer,
@@ -67,6 +68,12 @@ pub(super) const PICK_BYTES: u64 = 8;
 
 fn floats(gpu: &Gpu, label: &str, n: usize) -> wgpu::Buffer {
     gpu.storage_buffer(label, (n.max(1) * 4) as u64)
+}
+
+/// The widest FFN activation a step holds: a dense FFN's, a shared expert's, or the selected experts' and a shared
+/// expert riding with them (one more expert's).
+fn ff_max(c: &Config) -> usize {
+    c.ff_dense.max(c.ff_shared).max((c.n_expert_used + 1) * c.ff_expert)
 }
 
 /// Bytes of a buffer of `n` floats, as [`floats`] makes it.
@@ -96,11 +103,11 @@ impl State {
             }
         }
         let k = c.n_expert_used;
-        let ff_max = c.ff_dense.max(c.ff_shared).max(k * c.ff_expert);
+        let ff_max = ff_max(c);
         let scratch = [
             h, h, h, weights::kda_inputs_floats(c), d_kda,
             weights::mla_inputs_floats(c), nh * latent, nh * c.kv_lora_rank, mla::decode_scratch_floats(nh, c.kv_lora_rank, n_ctx), mla::value_slice_floats(nh, c.kv_lora_rank), nh * c.value_length_mla,
-            2 * ff_max, ff_max, c.n_expert, k * h, 2 * c.ff_shared, c.ff_shared, vocab,
+            2 * ff_max, ff_max, c.n_expert, (k + 1) * h, 2 * c.ff_shared, c.ff_shared, vocab,
         ];
         total += scratch.iter().map(|&n| float_bytes(n)).sum::<u64>() + norm::ARGMAX_BYTES + 2 * PICK_BYTES;
         let selection = (moe::selection_words(k as u32) as u64 * 4).max(4).next_multiple_of(4);
@@ -164,7 +171,7 @@ impl State {
         let vocab = weights.get("output.weight").or_else(|_| weights.get("token_embd.weight"))?.n_rows() as usize;
         let latent = c.kv_lora_rank + c.rope_dim;
         let k = c.n_expert_used;
-        let ff_max = c.ff_dense.max(c.ff_shared).max(k * c.ff_expert);
+        let ff_max = ff_max(c);
         let state = State {
             layers,
             vocab,
@@ -183,7 +190,7 @@ impl State {
             act: floats(gpu, "act", ff_max),
             router_logits: floats(gpu, "router", c.n_expert),
             sel: (0..c.n_layer).map(|l| c.is_moe_layer(l).then(|| gpu.storage_buffer("selection", moe::selection_words(k as u32) as u64 * 4))).collect(),
-            experts_out: floats(gpu, "experts out", k * h),
+            experts_out: floats(gpu, "experts out", (k + 1) * h),
             shared_gu: floats(gpu, "shared gate|up", 2 * c.ff_shared),
             shared_act: floats(gpu, "shared act", c.ff_shared),
             logits: floats(gpu, "logits", vocab),
@@ -477,6 +484,8 @@ fn moe_route(gpu: &Gpu, p: &mut Pass, c: &Config, t: &TensorOf, s: &State, ffn_n
 
 /// The selected experts (read from their pool slots), the shared expert, and their sum added to `x`; where
 /// rows are short enough, the same dispatch leaves `next_norm`'s RMSNorm of the new `x` in `h` (returns true).
+/// A shared expert with a pool slot of its own rides with the selected experts, as one more batch of their
+/// products (two dispatches fewer).
 #[allow(clippy::too_many_arguments)]
 fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool: &ExpertPool, sel: &wgpu::Buffer, l: usize, next_norm: &wgpu::Buffer) -> Result<bool, String> {
     let t = |name: &str| w.get(&format!("blk.{l}.{name}"));
@@ -485,12 +494,21 @@ fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool
     let layout = pool.layouts[l].ok_or_else(|| format!("layer {l} has no expert record layout"))?;
     let slot_base = l as u32 * pool.n_expert;
     let same_input = Strided { offset: 0, stride: 0 };
+    let riding = pool.shared[l].map(|slot| matvec::SharedExpert { slot, glu_limit: c.clamp_shexp[l] });
+    // the products of the selected experts, and of the shared expert where it rides (batch k, after them)
+    let products = |p: &mut Pass, ch, m, x: &wgpu::Buffer, x_at, glu, y: &wgpu::Buffer, y_at| match riding {
+        Some(shared) => matvec::experts_and_shared(gpu, p, ch, m, sel, &pool.table, slot_base, k, shared, x, x_at, glu, y, y_at),
+        None => match glu {
+            Some(glu) => matvec::experts_glu(gpu, p, ch, m, sel, &pool.table, slot_base, k, x, x_at, glu, y, y_at),
+            None => matvec::experts(gpu, p, ch, m, sel, &pool.table, slot_base, k, x, x_at, y, y_at),
+        },
+    };
     for ch in pool.chunks_of(l) {
         match layout.gate_up_fused() {
-            Some(gate_up) => matvec::experts(gpu, p, ch, gate_up, sel, &pool.table, slot_base, k, &s.h, same_input, &s.gu, Strided { offset: 0, stride: 2 * f }),
+            Some(gate_up) => products(p, ch, gate_up, &s.h, same_input, None, &s.gu, Strided { offset: 0, stride: 2 * f }),
             None => {
-                matvec::experts(gpu, p, ch, layout.gate, sel, &pool.table, slot_base, k, &s.h, same_input, &s.gu, Strided { offset: 0, stride: 2 * f });
-                matvec::experts(gpu, p, ch, layout.up, sel, &pool.table, slot_base, k, &s.h, same_input, &s.gu, Strided { offset: f, stride: 2 * f });
+                products(p, ch, layout.gate, &s.h, same_input, None, &s.gu, Strided { offset: 0, stride: 2 * f });
+                products(p, ch, layout.up, &s.h, same_input, None, &s.gu, Strided { offset: f, stride: 2 * f });
             }
         }
     }
@@ -503,15 +521,21 @@ fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool
     for ch in pool.chunks_of(l) {
         let out = Strided { offset: 0, stride: hidden };
         match glu {
-            Some(glu) => matvec::experts_glu(gpu, p, ch, layout.down, sel, &pool.table, slot_base, k, &s.gu, Strided { offset: 0, stride: 2 * f }, glu, &s.experts_out, out),
-            None => matvec::experts(gpu, p, ch, layout.down, sel, &pool.table, slot_base, k, &s.act, Strided { offset: 0, stride: f }, &s.experts_out, out),
+            Some(glu) => products(p, ch, layout.down, &s.gu, Strided { offset: 0, stride: 2 * f }, Some(glu), &s.experts_out, out),
+            None => products(p, ch, layout.down, &s.act, Strided { offset: 0, stride: f }, None, &s.experts_out, out),
         }
+    }
+    if riding.is_some() {
+        // (the pool rides a shared expert only where the activations are the products' and the sum is fused)
+        debug_assert!(glu.is_some() && hidden <= norm::SUM_NORM_MAX);
+        norm::moe_sum_norm(gpu, p, &s.experts_out, sel, &s.experts_out, k * hidden, k, &s.x, next_norm, &s.h, hidden, c.rms_eps);
+        return Ok(true);
     }
     // the shared expert
     w.products(gpu, p, l, Inputs::Swiglu, &s.h, &s.shared_gu)?;
     down_of_swiglu(gpu, p, t("ffn_down_shexp.weight")?, &s.shared_gu, fs, c.clamp_shexp[l], &s.shared_act, &s.ffn_out, false);
     if hidden <= norm::SUM_NORM_MAX {
-        norm::moe_sum_norm(gpu, p, &s.experts_out, sel, &s.ffn_out, k, &s.x, next_norm, &s.h, hidden, c.rms_eps);
+        norm::moe_sum_norm(gpu, p, &s.experts_out, sel, &s.ffn_out, 0, k, &s.x, next_norm, &s.h, hidden, c.rms_eps);
         return Ok(true);
     }
     moe::accumulate(gpu, p, &s.experts_out, sel, &s.ffn_out, &s.x, hidden, k);

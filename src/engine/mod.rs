@@ -52,6 +52,10 @@ pub struct EngineOptions {
     /// projections, a SwiGLU's gate and up) as one product per type, stacked in one buffer at load (default);
     /// false: one product per matrix (`lingtab bench --no-stacks`, to compare; and to test both ways).
     pub stack_products: Option<bool>,
+    /// Whether a decode step runs an MoE layer's shared expert with its selected experts, as one more batch of
+    /// their products from a pool slot of its own, where its matrices are laid out as theirs (default); false:
+    /// as products of its own (`lingtab bench --no-riding`, to compare; and to test both ways).
+    pub shared_rides: Option<bool>,
 }
 
 pub use prefill::{DEFAULT_CHUNK as DEFAULT_PREFILL_CHUNK, DEFAULT_SPAN as DEFAULT_PREFILL_SPAN};
@@ -177,8 +181,11 @@ impl Plan {
                 "a context of {n_ctx} tokens needs an MLA cache of {largest_cache} bytes per MLA layer, above the {cache_limit} bytes a buffer binding may hold on this GPU (maxStorageBufferBindingSize): use a context of at most {most} tokens"
             ));
         }
-        let dense = crate::model::layout::Totals::of(&config, model).dense_bytes;
         let tensors = ExpertTensors::of(&config, model)?;
+        let tensors = if options.shared_rides == Some(false) { tensors.without_riders() } else { tensors };
+        // a riding shared expert's slot holds a copy of dense weights: counted with them
+        let riders = tensors.riding_layers().count() as u64 * tensors.slot_bytes();
+        let dense = crate::model::layout::Totals::of(&config, model).dense_bytes + riders;
         let states = states + prefill::Prefill::bytes_needed(&config, options.prefill_chunk, options.prefill_span, n_ctx, max_binding);
         let slots = pool_slots(&config, &tensors, dense, states, options)?;
         Ok(Plan { config, tensors, n_ctx, max_binding, dense, states, slots })
@@ -208,7 +215,7 @@ impl Engine {
 
     #[allow(clippy::too_many_arguments)]
     fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, dense: Dense, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
-        let stats = CacheStats::new(policy, pool.n_slots, pool.slot_bytes, config.n_layer);
+        let stats = CacheStats::new(policy, pool.routed_slots, pool.slot_bytes, config.n_layer);
         let Dense { state, prefill } = dense;
         // in the browser a test after one that generated with steps run ahead hung in its ingest (3 of 4 runs on
         // SwiftShader, not yet understood), so the browser steps as before until that is
@@ -227,7 +234,8 @@ impl Engine {
             .catching(|e| plan.explain(e), async {
                 let (weights, state) = Self::load_dense(&gpu, &plan, model, parts, None, options).await?;
                 let reader = PartsReader { parts: parts.iter().collect::<Vec<&S>>(), tensors: plan.tensors.clone(), checks: None };
-                let pool = ExpertPool::load_resident(&gpu, &plan.tensors, plan.config.n_layer, plan.max_binding, &reader).await?;
+                let mut pool = ExpertPool::load_resident(&gpu, &plan.tensors, plan.config.n_layer, plan.max_binding, &reader).await?;
+                pool.fill_shared(&gpu, &weights)?;
                 Ok((weights, state, pool))
             })
             .await;
@@ -253,10 +261,12 @@ impl Engine {
                 let (weights, state) = Self::load_dense(&gpu, &plan, model, &parts, checks.as_ref(), options).await?;
                 let reader = PartsReader { parts, tensors: plan.tensors.clone(), checks: checks.map(std::rc::Rc::new) };
                 if slots as u64 >= plan.tensors.total() {
-                    let pool = ExpertPool::load_resident(&gpu, &plan.tensors, plan.config.n_layer, plan.max_binding, &reader).await?;
+                    let mut pool = ExpertPool::load_resident(&gpu, &plan.tensors, plan.config.n_layer, plan.max_binding, &reader).await?;
+                    pool.fill_shared(&gpu, &weights)?;
                     return Ok((weights, state, pool, Experts::Resident));
                 }
                 let mut pool = ExpertPool::new(&gpu, &plan.tensors, plan.config.n_layer, slots, plan.max_binding)?;
+                pool.fill_shared(&gpu, &weights)?;
                 if options.upload == Some(Upload::StagingRing) {
                     pool.use_staging(&gpu, plan.config.n_expert_used as u32);
                 }
@@ -282,6 +292,7 @@ impl Engine {
         // the old pool goes first, so both never hold GPU memory at once
         self.pool = ExpertPool::new(&self.gpu, tensors, self.config.n_layer, k, self.max_binding)?;
         self.pool = ExpertPool::new(&self.gpu, tensors, self.config.n_layer, slots, self.max_binding)?;
+        self.pool.fill_shared(&self.gpu, &self.weights)?;
         if upload == Upload::StagingRing {
             self.pool.use_staging(&self.gpu, k);
         }
@@ -329,7 +340,9 @@ impl Engine {
 
     pub fn gpu_bytes(&self) -> GpuBytes {
         let prefill = self.prefill.as_ref().map_or(0, |p| p.bytes);
-        GpuBytes { dense_weights: self.weights.bytes, expert_pool: self.pool.gpu_bytes(), states: self.state.bytes + prefill }
+        // a riding shared expert's slot holds a copy of dense weights: counted with them, not with the pool
+        let riders = (self.pool.n_slots - self.pool.routed_slots) as u64 * self.pool.slot_bytes;
+        GpuBytes { dense_weights: self.weights.bytes + riders, expert_pool: self.pool.gpu_bytes() - riders, states: self.state.bytes + prefill }
     }
 
     /// Bytes one decode step must read at the least: every dense tensor once (the embedding table only its

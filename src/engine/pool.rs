@@ -46,6 +46,9 @@ pub struct ExpertTensors {
     pub layouts: Vec<Option<RecordLayout>>,
     /// per trunk layer: (part, file offset of expert 0, bytes per expert) of gate, up and down
     ranges: Vec<Option<[(usize, u64, u64); 3]>>,
+    /// per trunk layer: whether its shared expert can ride with its routed experts (a slot of the pool, one batch
+    /// more of their products): its three matrices have the routed experts' shapes and types, and whole words
+    pub shared_rides: Vec<bool>,
 }
 
 impl ExpertTensors {
@@ -53,6 +56,7 @@ impl ExpertTensors {
         let n_expert = config.n_expert as u32;
         let mut layouts = vec![None; config.n_layer];
         let mut ranges = vec![None; config.n_layer];
+        let mut shared_rides = vec![false; config.n_layer];
         for l in config.moe_layers() {
             let find = |suffix: &str| {
                 let name = format!("blk.{l}.{suffix}");
@@ -72,8 +76,20 @@ impl ExpertTensors {
             }
             layouts[l] = Some(layout);
             ranges[l] = Some(r);
+            shared_rides[l] = shared_fits(config, model, l, &layout);
         }
-        Ok(ExpertTensors { n_expert, layouts, ranges })
+        Ok(ExpertTensors { n_expert, layouts, ranges, shared_rides })
+    }
+
+    /// Layers whose shared expert rides with the routed ones.
+    pub fn riding_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.shared_rides.iter().enumerate().filter(|(_, &r)| r).map(|(l, _)| l)
+    }
+
+    /// No shared expert rides (each runs as products of its own).
+    pub fn without_riders(mut self) -> ExpertTensors {
+        self.shared_rides.iter_mut().for_each(|r| *r = false);
+        self
     }
 
     /// One slot size for every layer: the largest record, rounded so records start on word boundaries.
@@ -89,6 +105,25 @@ impl ExpertTensors {
     pub fn total(&self) -> u64 {
         self.moe_layers().count() as u64 * self.n_expert as u64
     }
+}
+
+/// The shared expert tensors of an MoE layer, in a record's order.
+pub const SHARED_TENSORS: [&str; 3] = ["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"];
+
+/// Whether layer `l`'s shared expert fits a slot laid out as its routed experts' records: the same types and
+/// shapes (a shared FFN as wide as an expert), whole words at every offset (it is copied into the slot on the
+/// GPU), rows the down product takes as a SwiGLU's ([`crate::gpu::matvec::GLU_MAX_COLS`]: the clamp is per batch
+/// there) and a hidden size the decode step's fused sum takes ([`crate::gpu::norm::SUM_NORM_MAX`]).
+fn shared_fits(config: &Config, model: &SplitModel, l: usize, layout: &RecordLayout) -> bool {
+    if config.ff_shared != config.ff_expert || config.ff_expert as u32 > crate::gpu::matvec::GLU_MAX_COLS || config.hidden as u32 > crate::gpu::norm::SUM_NORM_MAX {
+        return false;
+    }
+    SHARED_TENSORS.iter().zip([layout.gate, layout.up, layout.down]).all(|(name, m)| {
+        model.tensor(&format!("blk.{l}.{name}")).is_some_and(|t| {
+            let bytes = m.rows as u64 * m.row_bytes() as u64;
+            t.info.ty == m.ty && t.info.dims.len() == 2 && t.info.dims[0] == m.cols as u64 && t.info.dims[1] == m.rows as u64 && bytes % 4 == 0 && m.byte_offset % 4 == 0
+        })
+    })
 }
 
 /// Reads expert records (gate | up | down rows, as [`RecordLayout`] lays them out) for the cache.
@@ -240,16 +275,22 @@ pub struct ExpertPool {
     pub chunks: Vec<wgpu::Buffer>,
     pub slots_per_chunk: u32,
     pub slot_bytes: u64,
+    /// Slots in all; those for routed experts (the cache's, or every expert of a resident pool) are `routed_slots`.
     pub n_slots: u32,
+    pub routed_slots: u32,
     /// slot of (layer, expert) at `layer · n_expert + expert`; u32::MAX when not resident
     pub table: wgpu::Buffer,
     /// The table as last written (what `table` will hold once the queued writes land).
     mapped: Vec<u32>,
-    /// Experts of layer l mapped into pool buffer c, at `l · chunks + c`: the expert kernels are dispatched over
-    /// the buffers that hold some of the layer's experts, not over every buffer of the pool.
+    /// Experts of layer l mapped into pool buffer c (its riding shared expert too), at `l · chunks + c`: the expert
+    /// kernels are dispatched over the buffers that hold some of the layer's experts, not over every buffer of the
+    /// pool.
     held: Vec<u32>,
     /// record layout of each trunk layer (None for dense layers)
     pub layouts: Vec<Option<RecordLayout>>,
+    /// per trunk layer: the slot holding its shared expert, when it rides with the routed ones (filled by
+    /// [`ExpertPool::fill_shared`]; never the cache's)
+    pub shared: Vec<Option<u32>>,
     pub n_expert: u32,
     staging: Option<StagingRing>,
 }
@@ -259,8 +300,20 @@ impl ExpertPool {
         PoolChunk { buffer: &self.chunks[i], index: i as u32, slots_per_chunk: self.slots_per_chunk, slot_bytes: self.slot_bytes }
     }
 
-    /// An empty pool of `n_slots` slots (the table maps nothing); `max_binding` caps each buffer.
+    /// An empty pool of `n_slots` slots for routed experts (the table maps nothing), and after them a slot for
+    /// each riding shared expert ([`ExpertTensors::shared_rides`]); `max_binding` caps each buffer.
     pub fn new(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, n_slots: u32, max_binding: u64) -> Result<ExpertPool, String> {
+        let riding: Vec<usize> = tensors.riding_layers().collect();
+        let mut pool = Self::with_slots(gpu, tensors, n_layer, n_slots + riding.len() as u32, tensors.n_expert, max_binding)?;
+        pool.routed_slots = n_slots;
+        for (i, l) in riding.into_iter().enumerate() {
+            pool.set_shared_slot(l, Some(n_slots + i as u32));
+        }
+        Ok(pool)
+    }
+
+    /// An empty pool of `n_slots` slots, split into buffers of whole runs of `per_layer` slots where a run fits.
+    fn with_slots(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, n_slots: u32, per_layer: u32, max_binding: u64) -> Result<ExpertPool, String> {
         let slot_bytes = tensors.slot_bytes();
         let max_chunk = max_binding.min(gpu.device.limits().max_buffer_size);
         if slot_bytes > max_chunk {
@@ -269,7 +322,7 @@ impl ExpertPool {
         let mut slots_per_chunk = ((max_chunk / slot_bytes) as u32).min(n_slots.max(1));
         // whole layers per buffer where a layer fits: a resident layer's experts then lie in one buffer, and its
         // expert products are one dispatch each however large the pool
-        let per_layer = tensors.n_expert.max(1);
+        let per_layer = per_layer.max(1);
         if slots_per_chunk >= per_layer && n_slots > slots_per_chunk {
             slots_per_chunk -= slots_per_chunk % per_layer;
         }
@@ -283,7 +336,50 @@ impl ExpertPool {
         let mapped = vec![u32::MAX; (n_layer * tensors.n_expert as usize).max(1)];
         let table = gpu.upload("expert slot table", bytemuck::cast_slice(&mapped));
         let held = vec![0; n_layer * n_chunks as usize];
-        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, table, mapped, held, layouts: tensors.layouts.clone(), n_expert: tensors.n_expert, staging: None })
+        let shared = vec![None; n_layer];
+        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, routed_slots: n_slots, table, mapped, held, layouts: tensors.layouts.clone(), shared, n_expert: tensors.n_expert, staging: None })
+    }
+
+    /// Gives layer `l`'s shared expert `slot` (or none), counted among the layer's buffers.
+    fn set_shared_slot(&mut self, l: usize, slot: Option<u32>) {
+        let n_chunks = self.chunks.len();
+        if let Some(old) = std::mem::replace(&mut self.shared[l], slot) {
+            let chunk = self.place(old).0;
+            self.held[l * n_chunks + chunk] -= 1;
+        }
+        if let Some(new) = slot {
+            let chunk = self.place(new).0;
+            self.held[l * n_chunks + chunk] += 1;
+        }
+    }
+
+    /// Copies each riding shared expert's matrices from the dense weights into its slot (on the GPU: queued
+    /// before the next submission). A layer whose pieces a copy cannot take whole words of runs its shared expert
+    /// apart instead.
+    pub fn fill_shared(&mut self, gpu: &Gpu, weights: &super::weights::Weights) -> Result<(), String> {
+        let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        for l in 0..self.shared.len() {
+            let (Some(slot), Some(layout)) = (self.shared[l], self.layouts[l]) else { continue };
+            let (chunk, within) = self.place(slot);
+            let mut copies = Vec::new();
+            for (name, m) in SHARED_TENSORS.iter().zip([layout.gate, layout.up, layout.down]) {
+                let t = weights.get(&format!("blk.{l}.{name}"))?;
+                let row_bytes = t.row_bytes();
+                for piece in &t.pieces {
+                    let (from, to, bytes) = (piece.byte_offset, within + m.byte_offset + piece.first_row * row_bytes, piece.rows * row_bytes);
+                    copies.push((&piece.buffer, from, to, bytes));
+                }
+            }
+            if copies.iter().all(|&(_, from, to, bytes)| from % 4 == 0 && to % 4 == 0 && bytes % 4 == 0) {
+                for (buffer, from, to, bytes) in copies {
+                    encoder.copy_buffer_to_buffer(buffer, from, &self.chunks[chunk], to, bytes);
+                }
+            } else {
+                self.set_shared_slot(l, None);
+            }
+        }
+        gpu.queue.submit([encoder.finish()]);
+        Ok(())
     }
 
     /// Uploads records through a staging ring sized for `batch` records at a time, instead of `writeBuffer`.
@@ -376,12 +472,19 @@ impl ExpertPool {
         (0..n_chunks).filter(move |&c| self.held[layer * n_chunks + c] > 0).map(|c| self.chunk(c))
     }
 
-    /// A pool that holds every expert of every MoE layer, filled from `reader`, layer by layer.
+    /// A pool that holds every expert of every MoE layer, filled from `reader`, layer by layer; a riding shared
+    /// expert's slot comes right after its layer's, so that a buffer holds both.
     pub async fn load_resident(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, max_binding: u64, reader: &dyn RecordReader) -> Result<ExpertPool, String> {
-        let mut pool = ExpertPool::new(gpu, tensors, n_layer, tensors.total() as u32, max_binding)?;
-        let mut slot = 0u32;
+        let per_layer = tensors.n_expert + tensors.riding_layers().next().is_some() as u32;
+        let n_slots = tensors.moe_layers().count() as u32 * per_layer;
+        let mut pool = ExpertPool::with_slots(gpu, tensors, n_layer, n_slots, per_layer, max_binding)?;
+        pool.routed_slots = tensors.total() as u32;
         let all: Vec<u32> = (0..tensors.n_expert).collect();
-        for l in tensors.moe_layers() {
+        for (i, l) in tensors.moe_layers().enumerate() {
+            let mut slot = i as u32 * per_layer;
+            if tensors.shared_rides[l] {
+                pool.set_shared_slot(l, Some(slot + tensors.n_expert));
+            }
             // a few experts at a time, so a 512-expert layer does not sit in memory at once
             for batch in all.chunks(16) {
                 for (record, &e) in reader.read(l, batch).await?.iter().zip(batch) {

@@ -137,7 +137,7 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
     if v.whole_rows {
         swap(BLOCK_LOOP[0], BLOCK_LOOP[1]);
         if experts {
-            swap(EXPERT_SLOT, "let slot = slots[p.slot_base + sel[j]];");
+            swap(EXPERT_SLOT, "let slot = expert_slot(j);");
         }
     }
     match x_read {
@@ -184,9 +184,9 @@ const X_GLU_DIRECT: [&str; 2] = [
     "fn glu_act(g: f32, u: f32) -> f32 {
     var up = u;
     var silu = g / (1.0 + exp(-g));
-    if (p.glu_limit > 1e-6) {
-        silu = min(silu, p.glu_limit);
-        up = clamp(up, -p.glu_limit, p.glu_limit);
+    if (glu_limit > 1e-6) {
+        silu = min(silu, glu_limit);
+        up = clamp(up, -glu_limit, glu_limit);
     }
     return silu * up;
 }
@@ -218,7 +218,7 @@ const BLOCK_LOOP: [&str; 2] = [
 
 /// How matvec_experts.wgsl reads the selected expert's slot: once for the workgroup (uniform for rows_dot's
 /// barriers); the whole-rows variant, without barriers, reads it in every invocation.
-const EXPERT_SLOT: &str = "if (lid == 0u) { selected_slot = slots[p.slot_base + sel[j]]; }
+const EXPERT_SLOT: &str = "if (lid == 0u) { selected_slot = expert_slot(j); }
     // one load for the workgroup, and uniform control flow for the barriers in rows_dot
     let slot = workgroupUniformLoad(&selected_slot);";
 
@@ -282,9 +282,9 @@ fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
         let g = x[xb + i];
         var up = x[xb + p.glu_ff + i];
         var silu = g / (1.0 + exp(-g));
-        if (p.glu_limit > 1e-6) {
-            silu = min(silu, p.glu_limit);
-            up = clamp(up, -p.glu_limit, p.glu_limit);
+        if (glu_limit > 1e-6) {
+            silu = min(silu, glu_limit);
+            up = clamp(up, -glu_limit, glu_limit);
         }
         x_glu[i] = silu * up;
     }
@@ -495,10 +495,13 @@ fn set_segments(params: &mut [P], segments: &[Segment]) {
 
 /// Words of Params from `segments` on: the count padded to 16 bytes, then the two tables.
 const SEGMENT_WORDS: usize = 4 + 2 * MAX_SEGMENTS;
-/// Where `segments` is among Params' words, and after the tables `glu_ff`, `glu_limit` and `norm_eps` (padded to
-/// 16 bytes).
+/// Where `segments` is among Params' words, and after the tables `glu_ff`, `glu_limit` and `norm_eps`, then the
+/// shared expert's `shared_z`, `shared_slot` and `glu_limit_shared` (padded to 16 bytes).
 const SEGMENTS_AT: usize = 16;
 const GLU_AT: usize = SEGMENTS_AT + SEGMENT_WORDS;
+const SHARED_AT: usize = GLU_AT + 3;
+/// Words of Params after the segment tables.
+const TAIL_WORDS: usize = 8;
 
 /// The SwiGLU words (glu_ff, glu_limit) or the RMSNorm's (norm_eps) after the segment tables.
 fn set_input(params: &mut [P], input: Input) {
@@ -522,6 +525,15 @@ pub struct PoolChunk<'a> {
     pub slot_bytes: u64,
 }
 
+/// A layer's shared expert run with its routed experts, as one more batch of their products (after the `k`
+/// selected): its record sits in pool slot `slot`, laid out as theirs; `glu_limit` is its SwiGLU's clamp
+/// ([`Glu::limit`]) where the product reads one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharedExpert {
+    pub slot: u32,
+    pub glu_limit: f32,
+}
+
 /// For each of the `k` selected experts j (`sel[j]`, looked up in `slots[slot_base + ·]`): a product with the
 /// matrix `m` found `m.byte_offset` bytes into the expert's slot, x at `x_at` + j·stride, y likewise.
 /// Only experts whose slot lies in `chunk` are computed; call once per pool buffer.
@@ -533,26 +545,40 @@ pub fn experts(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wg
 /// [`experts`] with a given kernel variant.
 #[allow(clippy::too_many_arguments)]
 pub fn experts_as(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided) {
-    experts_with(v, gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, None, y, y_at);
+    experts_with(v, gpu, pass, chunk, m, sel, slots, slot_base, k, None, x, x_at, None, y, y_at);
 }
 
 /// [`experts`] of the experts' SwiGLU activations: expert j's gate at `x_at` + j·stride, its up values
 /// `glu.ff` floats on ([`Glu`]); the experts' down products without a swiglu dispatch before them.
 #[allow(clippy::too_many_arguments)]
 pub fn experts_glu(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, glu: Glu, y: &wgpu::Buffer, y_at: Strided) {
-    experts_with(Variant::for_matrix(gpu, m), gpu, pass, chunk, m, sel, slots, slot_base, k, x, x_at, Some(glu), y, y_at);
+    experts_with(Variant::for_matrix(gpu, m), gpu, pass, chunk, m, sel, slots, slot_base, k, None, x, x_at, Some(glu), y, y_at);
+}
+
+/// [`experts`] (`glu`: [`experts_glu`]) with the layer's shared expert as batch `k`, after the selected ones
+/// (x at `x_at` + k·stride, y likewise): the routed and shared products of an MoE layer in one dispatch.
+#[allow(clippy::too_many_arguments)]
+pub fn experts_and_shared(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, shared: SharedExpert, x: &wgpu::Buffer, x_at: Strided, glu: Option<Glu>, y: &wgpu::Buffer, y_at: Strided) {
+    experts_with(Variant::for_matrix(gpu, m), gpu, pass, chunk, m, sel, slots, slot_base, k, Some(shared), x, x_at, glu, y, y_at);
 }
 
 #[allow(clippy::too_many_arguments)]
-fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, x: &wgpu::Buffer, x_at: Strided, glu: Option<Glu>, y: &wgpu::Buffer, y_at: Strided) {
+fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, shared: Option<SharedExpert>, x: &wgpu::Buffer, x_at: Strided, glu: Option<Glu>, y: &wgpu::Buffer, y_at: Strided) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let input = glu.map_or(Input::Plain, Input::Glu);
     check_input(m, input);
     let kernel = kernel(gpu, v, x_read(v, x, x_at, input, m.cols), true, m.ty);
     let mut params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index], false);
     set_input(&mut params, input);
+    let mut batches = k;
+    if let Some(shared) = shared {
+        params[SHARED_AT] = P::U(k);
+        params[SHARED_AT + 1] = P::U(shared.slot);
+        params[SHARED_AT + 2] = P::F(shared.glu_limit);
+        batches += 1;
+    }
     let (gx, gy) = gpu.grid(workgroups(m, v));
-    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, k));
+    pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, batches));
 }
 
 /// Invocations per row: for Q4_K and Q6_K 16 per block, two blocks side by side when the row has an even
@@ -604,6 +630,8 @@ fn params(m: Matrix, v: Variant, w_offset: u64, w_stride: u64, x_at: Strided, y_
     p.push(P::U(accumulate as u32));
     assert_eq!(p.len(), SEGMENTS_AT);
     // no segments (set_segments fills them for a stack), no SwiGLU (set_glu)
-    p.extend(std::iter::repeat_n(P::U(0), SEGMENT_WORDS + 4));
+    p.extend(std::iter::repeat_n(P::U(0), SEGMENT_WORDS + TAIL_WORDS));
+    // no shared expert: a batch past any grid
+    p[SHARED_AT] = P::U(u32::MAX);
     p
 }

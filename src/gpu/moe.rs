@@ -92,52 +92,9 @@ pub fn route_tokens(
     assert!(n_group_used == n_group || n_expert / n_group >= 2, "groups are scored by their two best experts");
     assert!((1..=MAX_USED).contains(&n_used), "{n_used} experts per token (1..={MAX_USED})");
     assert!(n_used <= n_group_used * (n_expert / n_group), "{n_used} experts from {n_group_used} groups of {}", n_expert / n_group);
-    let kernel = match gpu.subgroup_lanes() {
-        Some(lanes) if lanes > 1 => gpu.kernel_built(&format!("{LABEL} sg{lanes}"), "moe_route", || route_by_subgroups(lanes)),
-        _ => gpu.kernel(LABEL, SHADER, "moe_route"),
-    };
+    let kernel = gpu.kernel(LABEL, SHADER, "moe_route");
     let params = [P::U(n_expert), P::U(n_used), P::U(n_group), P::U(n_group_used), P::U(norm as u32), P::F(scale), P::U(tokens), P::U(sel_offset)];
     pass.dispatch(gpu, &kernel, &[logits, bias, sel], &params, tokens);
-}
-
-/// moe.wgsl's `pick_best` (one round of `moe_route`'s top-k), marked so that it can be swapped.
-const PICK_BEST: [&str; 2] = ["// pick_best:", "// pick_best end"];
-
-/// `pick_best` for a device that shuffles across subgroups of at least `PICK_LANES` invocations: one barrier a
-/// round instead of ten (the tree's), and the rounds alternate halves of the candidate arrays, so a round's
-/// writes never meet the reads of the round before. Every group of `PICK_LANES` neighbouring invocations scans
-/// all 256 candidates and shuffles to the best, so every invocation ends with the winner. `beats` is a strict
-/// order, so the winner is the tree's.
-const PICK_BY_SUBGROUPS: &str = "fn pick_best(mine: u32, lid: u32, round: u32) -> u32 {
-    let half = (round % 2u) * 256u;
-    best_experts[half + lid] = mine;
-    best_scores[half + lid] = score_of(mine);
-    workgroupBarrier();
-    var expert = NONE;
-    var score = 0.0;
-    for (var i = lid % PICK_LANES; i < 256u; i += PICK_LANES) {
-        if (beats(best_scores[half + i], best_experts[half + i], score, expert)) {
-            score = best_scores[half + i];
-            expert = best_experts[half + i];
-        }
-    }
-    for (var m = PICK_LANES / 2u; m > 0u; m >>= 1u) {
-        let other_score = subgroupShuffleXor(score, m);
-        let other_expert = subgroupShuffleXor(expert, m);
-        if (beats(other_score, other_expert, score, expert)) {
-            score = other_score;
-            expert = other_expert;
-        }
-    }
-    return expert;
-}
-";
-
-/// moe.wgsl with [`PICK_BY_SUBGROUPS`] for subgroups of `lanes` (a power of two).
-fn route_by_subgroups(lanes: u32) -> String {
-    let mut s = SHADER.to_string();
-    super::kernel::replace_marked(&mut s, PICK_BEST, &format!("const PICK_LANES: u32 = {lanes}u;\n{PICK_BY_SUBGROUPS}"));
-    s
 }
 
 /// The gated activation of `n` FFNs (experts, or 1 for a dense/shared FFN):

@@ -23,13 +23,20 @@ pub fn rms_norm_rows(gpu: &Gpu, pass: &mut Pass, x: &wgpu::Buffer, x_at: u32, x_
 pub const SUM_NORM_MAX: u32 = 4096;
 
 /// A decode token's MoE residual add, then the next RMSNorm, in one dispatch: `x += (Σ_j w_j·expert_out[j·n ..])
-/// + shared` as [`super::moe::accumulate`] adds it (the same sums, in the same order), then
-/// `y = x / √(mean x² + ε) · w` as [`rms_norm`] computes it. `n` ≤ [`SUM_NORM_MAX`].
+/// + shared[shared_at ..]` as [`super::moe::accumulate`] adds it (the same sums, in the same order), then
+/// `y = x / √(mean x² + ε) · w` as [`rms_norm`] computes it. `n` ≤ [`SUM_NORM_MAX`]. (`shared` may be
+/// `expert_out`, the shared expert's output after the routed ones'.)
 #[allow(clippy::too_many_arguments)]
-pub fn moe_sum_norm(gpu: &Gpu, pass: &mut Pass, expert_out: &wgpu::Buffer, sel: &wgpu::Buffer, shared: &wgpu::Buffer, n_used: u32, x: &wgpu::Buffer, w: &wgpu::Buffer, y: &wgpu::Buffer, n: u32, eps: f32) {
+pub fn moe_sum_norm(gpu: &Gpu, pass: &mut Pass, expert_out: &wgpu::Buffer, sel: &wgpu::Buffer, shared: &wgpu::Buffer, shared_at: u32, n_used: u32, x: &wgpu::Buffer, w: &wgpu::Buffer, y: &wgpu::Buffer, n: u32, eps: f32) {
     assert!(n <= SUM_NORM_MAX, "moe_sum_norm takes rows of at most {SUM_NORM_MAX} values, not {n}");
-    let kernel = gpu.kernel("norm.wgsl", NORM, "moe_sum_norm");
-    pass.dispatch(gpu, &kernel, &[x, w, y, expert_out, sel, shared], &[P::U(n), P::U(n_used), P::F(eps)], 1);
+    // the row held in as few registers as it needs (the shader's HELD is for the longest row)
+    let held = n.div_ceil(256).max(1);
+    let kernel = gpu.kernel_built(&format!("norm.wgsl held{held}"), "moe_sum_norm", || {
+        let mut s = NORM.to_string();
+        super::kernel::replace_once(&mut s, "const HELD: u32 = 16u;", &format!("const HELD: u32 = {held}u;"));
+        s
+    });
+    pass.dispatch(gpu, &kernel, &[x, w, y, expert_out, sel, shared], &[P::U(n), P::U(n_used), P::F(eps), P::U(shared_at)], 1);
 }
 
 /// Workgroups of the argmax's first stage at most (`PARTS` in the shader).

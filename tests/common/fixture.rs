@@ -24,3 +24,9 @@ pub fn engine(model: &SplitModel, options: &EngineOptions) -> Engine {
     let parts: Vec<FileSource> = PARTS.iter().map(|n| FileSource::open(&path(n)).unwrap()).collect();
     pollster::block_on(async { Engine::load(Gpu::new().await.unwrap(), model, &parts, options).await.unwrap() })
 }
+
+/// [`engine`] opened to stream its experts (a pool below the model's experts, as the options size it).
+pub fn open(model: &SplitModel, options: &EngineOptions) -> Engine {
+    let parts: Vec<FileSource> = PARTS.iter().map(|n| FileSource::open(&path(n)).unwrap()).collect();
+    pollster::block_on(async { Engine::open(Gpu::new().await.unwrap(), model, parts, options).await.unwrap() })
+}

@@ -174,14 +174,21 @@ pub async fn expert_matvec_reads_selected_slots(gpu: &Gpu) {
     let mut rng = Rand::new(seed);
     for v in Variant::ALL {
         for (ty, cols) in [(GgmlType::Q4_K, 256), (GgmlType::Q6_K, 768), (GgmlType::Q8_0, 64)] {
-            experts_case(gpu, v, ty, 40, cols, None, &mut rng, seed).await;
+            experts_case(gpu, v, ty, 40, cols, None, None, &mut rng, seed).await;
         }
+    }
+    // with a shared expert riding as the last batch
+    for (ty, cols) in [(GgmlType::Q4_K, 256), (GgmlType::Q8_0, 64)] {
+        let v = Variant::for_matrix(gpu, Matrix { ty, rows: 40, cols, byte_offset: 0 });
+        experts_case(gpu, v, ty, 40, cols as usize, None, Some(0.0), &mut rng, seed).await;
     }
 }
 
 /// `glu`: the experts' x is the SwiGLU activation (this clamp limit) of [gate | up] pairs, read by experts_glu.
+/// `shared`: a shared expert (in a slot no selected expert has) rides as batch k, its SwiGLU clamped at this limit
+/// (experts_and_shared; `v` must be the variant the engine picks).
 #[allow(clippy::too_many_arguments)]
-async fn experts_case(gpu: &Gpu, v: Variant, ty: GgmlType, rows: usize, cols: usize, glu: Option<f32>, rng: &mut Rand, seed: u64) {
+async fn experts_case(gpu: &Gpu, v: Variant, ty: GgmlType, rows: usize, cols: usize, glu: Option<f32>, shared: Option<f32>, rng: &mut Rand, seed: u64) {
     let (slots_per_chunk, n_chunks, n_expert) = (3u32, 2u32, 8u32);
     let part_offset = ty.block_bytes() as u64 * 6; // the matrix starts inside the record, after other rows
     let matrix_bytes = (rows * cols / ty.block_elems() * ty.block_bytes()) as u64;
@@ -205,32 +212,43 @@ async fn experts_case(gpu: &Gpu, v: Variant, ty: GgmlType, rows: usize, cols: us
     }
     let sel = [5u32, 2, 7];
     let k = sel.len();
+    // the slot of each batch: the selected experts', then the shared expert's (slot 3: no expert's)
+    let mut batch_slots: Vec<usize> = sel.iter().map(|&e| table[n_expert as usize + e as usize] as usize).collect();
+    let mut limits = vec![glu.unwrap_or(0.0); k];
+    if let Some(limit) = shared {
+        batch_slots.push(3);
+        limits.push(limit);
+    }
+    let batches = batch_slots.len();
     let table_buf = gpu.upload("slots", bytemuck::cast_slice(&table));
     let sel_buf = gpu.upload("sel", bytemuck::cast_slice(&sel));
     let width = if glu.is_some() { 2 * cols } else { cols };
-    let x_in = rng.normals(k * width, 1.5);
+    let x_in = rng.normals(batches * width, 1.5);
     let x: Vec<f32> = match glu {
-        Some(limit) => x_in.chunks(width).flat_map(|gu| swiglu(&gu[..cols], &gu[cols..], limit)).collect(),
+        Some(_) => x_in.chunks(width).zip(&limits).flat_map(|(gu, &limit)| swiglu(&gu[..cols], &gu[cols..], limit)).collect(),
         None => x_in.clone(),
     };
     let x_buf = gpu.upload("x", &f32_bytes(&x_in));
-    let y_buf = poisoned(gpu, "y", k * rows);
+    let y_buf = poisoned(gpu, "y", batches * rows + 1);
     let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: part_offset };
     let mut pass = Pass::new();
     for (index, buffer) in chunks.iter().enumerate() {
         let chunk = PoolChunk { buffer, index: index as u32, slots_per_chunk, slot_bytes };
         let (x_at, y_at) = (Strided { offset: 0, stride: width as u32 }, Strided { offset: 0, stride: rows as u32 });
-        match glu {
-            Some(limit) => matvec::experts_glu(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, x_at, matvec::Glu { ff: cols as u32, limit }, &y_buf, y_at),
-            None => matvec::experts_as(v, gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, x_at, &y_buf, y_at),
+        let glu = glu.map(|limit| matvec::Glu { ff: cols as u32, limit });
+        match (shared, glu) {
+            (Some(limit), _) => matvec::experts_and_shared(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, matvec::SharedExpert { slot: 3, glu_limit: limit }, &x_buf, x_at, glu, &y_buf, y_at),
+            (None, Some(glu)) => matvec::experts_glu(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, x_at, glu, &y_buf, y_at),
+            (None, None) => matvec::experts_as(v, gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, x_at, &y_buf, y_at),
         }
     }
     pass.submit(gpu);
-    let y = read_f32(gpu, &y_buf, k * rows).await;
-    for (j, &e) in sel.iter().enumerate() {
-        let slot = table[n_expert as usize + e as usize] as usize;
-        check(&format!("{ty}×{cols} {} expert {e} in slot {slot} (seed {seed})", v.name()), &y[j * rows..][..rows], &slot_values[slot], &x[j * cols..][..cols], rows, cols);
+    let y = read_f32(gpu, &y_buf, batches * rows + 1).await;
+    for (j, &slot) in batch_slots.iter().enumerate() {
+        let what = format!("{ty}×{cols} {} batch {j} in slot {slot}, limit {} (seed {seed})", v.name(), limits[j]);
+        check(&what, &y[j * rows..][..rows], &slot_values[slot], &x[j * cols..][..cols], rows, cols);
     }
+    assert!(y[batches * rows].is_nan(), "written past the last batch");
 }
 
 /// moe.wgsl's SwiGLU activation, in f32: SiLU(g)·u, or min(SiLU(g), limit)·clamp(u, ±limit) for limit > 1e-6.
@@ -283,7 +301,10 @@ pub async fn swiglu_products_match_activation_then_product(gpu: &Gpu) {
         }
         for (ty, cols) in [(GgmlType::Q4_K, 768), (GgmlType::Q6_K, 256)] {
             for limit in [0.0f32, 1.5] {
-                experts_case(gpu, Variant::for_matrix(gpu, Matrix { ty, rows: 40, cols: cols as u32, byte_offset: 0 }), ty, 40, cols, Some(limit), &mut rng, seed).await;
+                let v = Variant::for_matrix(gpu, Matrix { ty, rows: 40, cols: cols as u32, byte_offset: 0 });
+                experts_case(gpu, v, ty, 40, cols, Some(limit), None, &mut rng, seed).await;
+                // a riding shared expert with a clamp of its own
+                experts_case(gpu, v, ty, 40, cols, Some(limit), Some(if limit == 0.0 { 0.8 } else { 0.0 }), &mut rng, seed).await;
             }
         }
     }

@@ -300,15 +300,6 @@ fn route_reference(r: Router, logits: &[f32], bias: &[f32]) -> RouteReference {
     }
 }
 
-/// [`route_once`] with the device's subgroup pick (where it has subgroups), then with the workgroup tree's.
-async fn route_on_gpu(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Selection; 4] {
-    let [alone, in_chunk] = route_once(gpu, r, logits, bias).await;
-    gpu.set_subgroups(false);
-    let [tree_alone, tree_in_chunk] = route_once(gpu, r, logits, bias).await;
-    gpu.set_subgroups(true);
-    [alone, in_chunk, tree_alone, tree_in_chunk]
-}
-
 /// The selection of one token's `logits`, routed alone and as the middle token of three (a chunk's routing: both
 /// must give the reference's selection).
 async fn route_once(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Selection; 2] {
@@ -331,11 +322,9 @@ async fn route_once(gpu: &Gpu, r: Router, logits: &[f32], bias: &[f32]) -> [Sele
     [alone, Selection::from_words(&read[1 + words..1 + 2 * words], r.n_used)]
 }
 
-fn check_selections(what: &str, got: &[Selection; 4], want: &RouteReference) {
+fn check_selections(what: &str, got: &[Selection; 2], want: &RouteReference) {
     check_selection(&format!("{what}, alone"), &got[0], want);
     check_selection(&format!("{what}, in a chunk"), &got[1], want);
-    check_selection(&format!("{what}, alone, without subgroups"), &got[2], want);
-    check_selection(&format!("{what}, in a chunk, without subgroups"), &got[3], want);
 }
 
 fn check_selection(what: &str, got: &Selection, want: &RouteReference) {
@@ -379,13 +368,13 @@ pub async fn moe_route_matches_reference(gpu: &Gpu) {
     let mut rng = Rand::new(seed);
     for r in ROUTERS {
         let (logits, bias, want) = separated_inputs(&mut rng, r, 0.0, seed);
-        check_selections(&format!("route {r:?} (seed {seed})"), &route_on_gpu(gpu, r, &logits, &bias).await, &want);
+        check_selections(&format!("route {r:?} (seed {seed})"), &route_once(gpu, r, &logits, &bias).await, &want);
     }
     let tiny_probabilities = Router { n_expert: 64, n_group: 4, n_group_used: 2, n_used: 4, norm: true, scale: 2.5 };
     let (logits, bias, want) = separated_inputs(&mut rng, tiny_probabilities, -20.0, seed);
     assert!(want.weight_sum_floored, "logits near −20 should put Σσ under 2⁻¹⁴");
     let what = format!("route with floored weight sum (seed {seed})");
-    check_selections(&what, &route_on_gpu(gpu, tiny_probabilities, &logits, &bias).await, &want);
+    check_selections(&what, &route_once(gpu, tiny_probabilities, &logits, &bias).await, &want);
 }
 
 pub async fn moe_route_ties_pick_lower_index(gpu: &Gpu) {
@@ -398,7 +387,7 @@ pub async fn moe_route_ties_pick_lower_index(gpu: &Gpu) {
         let want = route_reference(r, &vec![logit; n], &vec![bias; n]);
         assert_eq!(want.ids, (0..r.n_used).collect::<Vec<_>>());
         let what = format!("route, all scores equal, {r:?} (seed {seed})");
-        check_selections(&what, &route_on_gpu(gpu, r, &vec![logit; n], &vec![bias; n]).await, &want);
+        check_selections(&what, &route_once(gpu, r, &vec![logit; n], &vec![bias; n]).await, &want);
 
         // exact ties at both boundaries: the best dropped group becomes a copy of the last kept one, then the
         // runner-up expert a copy of the last pick; retried until nothing else comes close
@@ -422,7 +411,7 @@ pub async fn moe_route_ties_pick_lower_index(gpu: &Gpu) {
             }
         };
         let what = format!("route, ties at the group and expert boundaries, {r:?} (seed {seed})");
-        check_selections(&what, &route_on_gpu(gpu, r, &logits, &bias).await, &want);
+        check_selections(&what, &route_once(gpu, r, &logits, &bias).await, &want);
     }
 }
 
@@ -502,12 +491,19 @@ pub async fn moe_sum_norm_is_accumulate_then_rms_norm(gpu: &Gpu) {
     let mut rng = Rand::new(seed);
     for (hidden, n_used) in [(300u32, 8u32), (2560, 8), (norm::SUM_NORM_MAX, 3)] {
         let (h, k) = (hidden as usize, n_used as usize);
-        let expert_out = gpu.upload("expert out", &f32_bytes(&rng.normals(k * h, 1.0)));
+        let mut routed_out = rng.normals(k * h, 1.0);
+        let shared_out = rng.normals(h, 1.0);
+        // at one width the shared expert's output follows the routed ones' in their buffer, as when it rides with them
+        let riding = hidden == 2560;
+        if riding {
+            routed_out.extend_from_slice(&shared_out);
+        }
+        let expert_out = gpu.upload("expert out", &f32_bytes(&routed_out));
         let mut sel: Vec<u32> = (0..k).map(|_| (rng.next_u64() % 512) as u32).collect();
         sel.extend((0..k).map(|_| rng.uniform(0.05, 1.0).to_bits()));
         sel.extend([f32::INFINITY.to_bits(), 0.5f32.to_bits()]);
         let sel = gpu.upload("sel", bytemuck::cast_slice(&sel));
-        let shared = gpu.upload("shared", &f32_bytes(&rng.normals(h, 1.0)));
+        let shared = gpu.upload("shared", &f32_bytes(&shared_out));
         let w = gpu.upload("norm weight", &f32_bytes(&(0..h).map(|_| 1.0 + 0.1 * rng.normal()).collect::<Vec<f32>>()));
         let x = f32_bytes(&rng.normals(h, 3.0));
         let (x_apart, x_fused) = (gpu.upload("x", &x), gpu.upload("x", &x));
@@ -516,7 +512,8 @@ pub async fn moe_sum_norm_is_accumulate_then_rms_norm(gpu: &Gpu) {
         let mut pass = Pass::new();
         moe::accumulate(gpu, &mut pass, &expert_out, &sel, &shared, &x_apart, hidden, n_used);
         norm::rms_norm(gpu, &mut pass, &x_apart, 0, &w, &y_apart, 0, hidden, eps);
-        norm::moe_sum_norm(gpu, &mut pass, &expert_out, &sel, &shared, n_used, &x_fused, &w, &y_fused, hidden, eps);
+        let (shared_in, shared_at) = if riding { (&expert_out, hidden * n_used) } else { (&shared, 0) };
+        norm::moe_sum_norm(gpu, &mut pass, &expert_out, &sel, shared_in, shared_at, n_used, &x_fused, &w, &y_fused, hidden, eps);
         pass.submit(gpu);
         let what = format!("H {hidden} k {n_used} (seed {seed})");
         let (xa, xf) = (read_f32(gpu, &x_apart, h).await, read_f32(gpu, &x_fused, h).await);
