@@ -189,18 +189,6 @@ fn store_step_state(i: u32, value: f32) {
     }
 }
 
-// A lane's share of value column j of S for the head at head_base (key indices lane, lane + DC_LANES, ..). The
-// loads are unconditional, their indices clamped into the head (a lane past its column's end loads a value it
-// never uses): loads behind a branch wait for it, and the branch for the load before.
-fn load_state_share(head_base: u32, j: u32, lane: u32, d: u32) -> array<f32, DC_SPAN> {
-    let column = (head_base + min(j, d - 1u)) * d;
-    var s: array<f32, DC_SPAN>;
-    for (var n = 0u; n < DC_SPAN; n++) {
-        s[n] = step_state[column + min(lane + n * DC_LANES, d - 1u)];
-    }
-    return s;
-}
-
 // Step 1 for channel c of q|k|v: the channel's last K−1 inputs (oldest first), loaded before any store (see
 // the delta rule below), then the output, with the state moved on by the input.
 fn conv_past(c: u32) -> array<f32, MAX_CONV> {
@@ -237,11 +225,6 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     let d = step_params.head_dim;
     let dim = step_params.n_head * d;
     let head_base = h * d;
-    // the delta rule's first columns of S (see below), loaded before the conv's loads (on the H200 the kernel took
-    // as long as with each pass's loads at its start: the loads are not what bounds it)
-    let lane = lid % DC_LANES;
-    let col = lid / DC_LANES;
-    var s = load_state_share(head_base, col, lane, d);
 
     // the conv of this head's channels, the decay e^g per key index (kda_gates' g), and β
     var q = 0.0;
@@ -270,16 +253,21 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     workgroupBarrier();
 
     // kda_delta_chunk's division of S: DC_LANES lanes per value column, lane l taking key indices l, l + DC_LANES,
-    // .. (so a column's lanes read neighbouring words), DC_COLS columns at a time. A lane's share of the next
-    // columns is loaded before it works on these, and stored after: loads and stores of the same buffer
-    // interleaved in a loop would each wait for the one before (a latency apiece).
+    // .. (so a column's lanes read neighbouring words), DC_COLS columns at a time. A lane loads its whole share
+    // before using any of it and stores it after: loads and stores of the same buffer interleaved in a loop would
+    // each wait for the one before (a latency apiece).
+    let lane = lid % DC_LANES;
+    let col = lid / DC_LANES;
     let inv_sqrt_d = 1.0 / sqrt(f32(d));
     for (var j0 = 0u; j0 < d; j0 += DC_COLS) {
         let j = j0 + col;
         let valid = j < d;
         let column = (head_base + j) * d;
-        var next = s;
-        if (j0 + DC_COLS < d) { next = load_state_share(head_base, j + DC_COLS, lane, d); }
+        var s: array<f32, DC_SPAN>;
+        for (var n = 0u; n < DC_SPAN; n++) {
+            let i = lane + n * DC_LANES;
+            if (valid && i < d) { s[n] = step_state[column + i]; }
+        }
         var u = 0.0;
         for (var n = 0u; n < DC_SPAN; n++) {
             let i = lane + n * DC_LANES;
@@ -303,7 +291,6 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
         }
         let o_total = column_sum_b(o_part, lid);
         if (valid && lane == 0u) { o_column[j] = o_total * inv_sqrt_d; }
-        s = next;
     }
     // every column's o is in o_column
     workgroupBarrier();

@@ -496,13 +496,7 @@ fn moe_experts(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, s: &State, pool
     let same_input = Strided { offset: 0, stride: 0 };
     let riding = pool.shared[l].map(|slot| matvec::SharedExpert { slot, glu_limit: c.clamp_shexp[l] });
     // the products of the selected experts, and of the shared expert where it rides (batch k, after them)
-    let products = |p: &mut Pass, ch, m, x: &wgpu::Buffer, x_at, glu, y: &wgpu::Buffer, y_at| match riding {
-        Some(shared) => matvec::experts_and_shared(gpu, p, ch, m, sel, &pool.table, slot_base, k, shared, x, x_at, glu, y, y_at),
-        None => match glu {
-            Some(glu) => matvec::experts_glu(gpu, p, ch, m, sel, &pool.table, slot_base, k, x, x_at, glu, y, y_at),
-            None => matvec::experts(gpu, p, ch, m, sel, &pool.table, slot_base, k, x, x_at, y, y_at),
-        },
-    };
+    let products = |p: &mut Pass, ch, m, x: &wgpu::Buffer, x_at, glu, y: &wgpu::Buffer, y_at| matvec::experts_and_shared(gpu, p, ch, m, sel, &pool.table, slot_base, k, riding, x, x_at, glu, y, y_at);
     for ch in pool.chunks_of(l) {
         match layout.gate_up_fused() {
             Some(gate_up) => products(p, ch, gate_up, &s.h, same_input, None, &s.gu, Strided { offset: 0, stride: 2 * f }),

@@ -304,16 +304,16 @@ impl ExpertPool {
     /// each riding shared expert ([`ExpertTensors::shared_rides`]); `max_binding` caps each buffer.
     pub fn new(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, n_slots: u32, max_binding: u64) -> Result<ExpertPool, String> {
         let riding: Vec<usize> = tensors.riding_layers().collect();
-        let mut pool = Self::with_slots(gpu, tensors, n_layer, n_slots + riding.len() as u32, tensors.n_expert, max_binding)?;
-        pool.routed_slots = n_slots;
+        let mut pool = Self::with_slots(gpu, tensors, n_layer, n_slots + riding.len() as u32, n_slots, tensors.n_expert, max_binding)?;
         for (i, l) in riding.into_iter().enumerate() {
             pool.set_shared_slot(l, Some(n_slots + i as u32));
         }
         Ok(pool)
     }
 
-    /// An empty pool of `n_slots` slots, split into buffers of whole runs of `per_layer` slots where a run fits.
-    fn with_slots(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, n_slots: u32, per_layer: u32, max_binding: u64) -> Result<ExpertPool, String> {
+    /// An empty pool of `n_slots` slots (`routed_slots` of them for routed experts), split into buffers of whole runs
+    /// of `per_layer` slots where a run fits.
+    fn with_slots(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, n_slots: u32, routed_slots: u32, per_layer: u32, max_binding: u64) -> Result<ExpertPool, String> {
         let slot_bytes = tensors.slot_bytes();
         let max_chunk = max_binding.min(gpu.device.limits().max_buffer_size);
         if slot_bytes > max_chunk {
@@ -337,7 +337,7 @@ impl ExpertPool {
         let table = gpu.upload("expert slot table", bytemuck::cast_slice(&mapped));
         let held = vec![0; n_layer * n_chunks as usize];
         let shared = vec![None; n_layer];
-        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, routed_slots: n_slots, table, mapped, held, layouts: tensors.layouts.clone(), shared, n_expert: tensors.n_expert, staging: None })
+        Ok(ExpertPool { chunks, slots_per_chunk, slot_bytes, n_slots, routed_slots, table, mapped, held, layouts: tensors.layouts.clone(), shared, n_expert: tensors.n_expert, staging: None })
     }
 
     /// Gives layer `l`'s shared expert `slot` (or none), counted among the layer's buffers.
@@ -477,8 +477,7 @@ impl ExpertPool {
     pub async fn load_resident(gpu: &Gpu, tensors: &ExpertTensors, n_layer: usize, max_binding: u64, reader: &dyn RecordReader) -> Result<ExpertPool, String> {
         let per_layer = tensors.n_expert + tensors.riding_layers().next().is_some() as u32;
         let n_slots = tensors.moe_layers().count() as u32 * per_layer;
-        let mut pool = ExpertPool::with_slots(gpu, tensors, n_layer, n_slots, per_layer, max_binding)?;
-        pool.routed_slots = tensors.total() as u32;
+        let mut pool = ExpertPool::with_slots(gpu, tensors, n_layer, n_slots, tensors.total() as u32, per_layer, max_binding)?;
         let all: Vec<u32> = (0..tensors.n_expert).collect();
         for (i, l) in tensors.moe_layers().enumerate() {
             let mut slot = i as u32 * per_layer;

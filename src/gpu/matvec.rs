@@ -555,11 +555,12 @@ pub fn experts_glu(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel:
     experts_with(Variant::for_matrix(gpu, m), gpu, pass, chunk, m, sel, slots, slot_base, k, None, x, x_at, Some(glu), y, y_at);
 }
 
-/// [`experts`] (`glu`: [`experts_glu`]) with the layer's shared expert as batch `k`, after the selected ones
-/// (x at `x_at` + k·stride, y likewise): the routed and shared products of an MoE layer in one dispatch.
+/// [`experts`] (`glu`: [`experts_glu`]), with the layer's shared expert, where it rides, as batch `k` after the
+/// selected ones (x at `x_at` + k·stride, y likewise): the routed and shared products of an MoE layer in one
+/// dispatch.
 #[allow(clippy::too_many_arguments)]
-pub fn experts_and_shared(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, shared: SharedExpert, x: &wgpu::Buffer, x_at: Strided, glu: Option<Glu>, y: &wgpu::Buffer, y_at: Strided) {
-    experts_with(Variant::for_matrix(gpu, m), gpu, pass, chunk, m, sel, slots, slot_base, k, Some(shared), x, x_at, glu, y, y_at);
+pub fn experts_and_shared(gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Matrix, sel: &wgpu::Buffer, slots: &wgpu::Buffer, slot_base: u32, k: u32, shared: Option<SharedExpert>, x: &wgpu::Buffer, x_at: Strided, glu: Option<Glu>, y: &wgpu::Buffer, y_at: Strided) {
+    experts_with(Variant::for_matrix(gpu, m), gpu, pass, chunk, m, sel, slots, slot_base, k, shared, x, x_at, glu, y, y_at);
 }
 
 #[allow(clippy::too_many_arguments)]

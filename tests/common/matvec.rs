@@ -237,7 +237,7 @@ async fn experts_case(gpu: &Gpu, v: Variant, ty: GgmlType, rows: usize, cols: us
         let (x_at, y_at) = (Strided { offset: 0, stride: width as u32 }, Strided { offset: 0, stride: rows as u32 });
         let glu = glu.map(|limit| matvec::Glu { ff: cols as u32, limit });
         match (shared, glu) {
-            (Some(limit), _) => matvec::experts_and_shared(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, matvec::SharedExpert { slot: 3, glu_limit: limit }, &x_buf, x_at, glu, &y_buf, y_at),
+            (Some(limit), _) => matvec::experts_and_shared(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, Some(matvec::SharedExpert { slot: 3, glu_limit: limit }), &x_buf, x_at, glu, &y_buf, y_at),
             (None, Some(glu)) => matvec::experts_glu(gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, x_at, glu, &y_buf, y_at),
             (None, None) => matvec::experts_as(v, gpu, &mut pass, chunk, m, &sel_buf, &table_buf, n_expert, k as u32, &x_buf, x_at, &y_buf, y_at),
         }
