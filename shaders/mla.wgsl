@@ -61,9 +61,9 @@ struct KvRowParams {
 
 var<workgroup> kv_sum_sq: array<f32, 256>;
 
-fn store_cache(row_start: u32, i: u32, value: f32) {
+fn store_cache(p: KvRowParams, row_start: u32, i: u32, value: f32) {
     let at = row_start + i;
-    if (i < kv_params.rank + kv_params.rope_dim && at < arrayLength(&kv_cache)) {
+    if (i < p.rank + p.rope_dim && at < arrayLength(&kv_cache)) {
         kv_cache[at] = value;
     }
 }
@@ -74,9 +74,14 @@ fn mla_kv_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_w
               @builtin(local_invocation_index) lid: u32) {
     let token = wg.x + wg.y * n_wg.x;
     if (token >= kv_params.tokens) { return; }
-    let rank = kv_params.rank;
-    let kv_at = kv_params.kv_offset + token * (rank + kv_params.rope_dim);
-    let pos = kv_params.pos + token;
+    kv_row(kv_params, token, lid);
+}
+
+// Token `token`'s cache row, by the whole workgroup (it has barriers: call from uniform control flow).
+fn kv_row(row: KvRowParams, token: u32, lid: u32) {
+    let rank = row.rank;
+    let kv_at = row.kv_offset + token * (rank + row.rope_dim);
+    let pos = row.pos + token;
     var sum_sq = 0.0;
     for (var i = lid; i < rank; i += 256u) {
         sum_sq += kv[kv_at + i] * kv[kv_at + i];
@@ -89,16 +94,58 @@ fn mla_kv_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_w
         }
         workgroupBarrier();
     }
-    let scale = 1.0 / sqrt(kv_sum_sq[0] / f32(rank) + kv_params.eps);
-    let row_start = pos * (rank + kv_params.rope_dim);
+    let scale = 1.0 / sqrt(kv_sum_sq[0] / f32(rank) + row.eps);
+    let row_start = pos * (rank + row.rope_dim);
     for (var i = lid; i < rank; i += 256u) {
-        store_cache(row_start, i, (kv[kv_at + i] * scale) * kv_norm_w[i]);
+        store_cache(row, row_start, i, (kv[kv_at + i] * scale) * kv_norm_w[i]);
     }
-    for (var pair = lid; pair < kv_params.rope_dim / 2u; pair += 256u) {
+    for (var pair = lid; pair < row.rope_dim / 2u; pair += 256u) {
         let i = rank + 2u * pair;
-        let rotated = rope_pair(vec2<f32>(kv[kv_at + i], kv[kv_at + i + 1u]), pos, pair, kv_params.rope_step);
-        store_cache(row_start, i, rotated.x);
-        store_cache(row_start, i + 1u, rotated.y);
+        let rotated = rope_pair(vec2<f32>(kv[kv_at + i], kv[kv_at + i + 1u]), pos, pair, row.rope_step);
+        store_cache(row, row_start, i, rotated.x);
+        store_cache(row, row_start, i + 1u, rotated.y);
+    }
+}
+
+// ── mla_kv_row_rope_q: a decode step's mla_kv_row and mla_rope_q in one dispatch (one token; both read its
+// projections, q at 0 and kv at kv_offset of one buffer): workgroup 0 writes the cache row, the others rotate
+// q_pe, an invocation per (head, pair) ──
+
+struct KvRopeParams {
+    pos: u32,
+    rank: u32,
+    rope_dim: u32,
+    eps: f32,
+    rope_step: f32,
+    kv_offset: u32,
+    n_head: u32,
+    d_nope: u32,
+}
+
+@group(0) @binding(3) var<storage, read_write> kv_rope_q_abs: array<f32>;
+@group(0) @binding(4) var<uniform> kv_rope_params: KvRopeParams;
+
+@compute @workgroup_size(256)
+fn mla_kv_row_rope_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let p = kv_rope_params;
+    let w = wg.x + wg.y * n_wg.x;
+    if (w == 0u) {
+        kv_row(KvRowParams(p.pos, p.rank, p.rope_dim, p.eps, p.rope_step, 1u, p.kv_offset), 0u, lid);
+        return;
+    }
+    let n_pairs = p.rope_dim / 2u;
+    let index = (w - 1u) * 256u + lid;
+    if (index >= p.n_head * n_pairs) { return; }
+    let head = index / n_pairs;
+    let pair = index % n_pairs;
+    let src = head * (p.d_nope + p.rope_dim) + p.d_nope + 2u * pair;
+    let rotated = rope_pair(vec2<f32>(kv[src], kv[src + 1u]), p.pos, pair, p.rope_step);
+    let dst = head * (p.rank + p.rope_dim) + p.rank + 2u * pair;
+    // (dst + 1 is in the row's q_pe part, which ends at n_head·(rank + rope_dim))
+    if (dst + 1u < arrayLength(&kv_rope_q_abs)) {
+        kv_rope_q_abs[dst] = rotated.x;
+        kv_rope_q_abs[dst + 1u] = rotated.y;
     }
 }
 

@@ -58,6 +58,7 @@ fn expert_matvec_reads_selected_slots() {
     pollster::block_on(common::matvec::expert_matvec_reads_selected_slots(&gpu()));
 }
 
+
 #[test]
 fn matmul_every_type_matches_reference() {
     pollster::block_on(common::matmul::matmul_every_type_matches_reference(&gpu()));
@@ -126,6 +127,11 @@ fn mla_kv_row_matches_reference() {
 #[test]
 fn mla_rope_q_matches_reference() {
     pollster::block_on(common::mla_moe::mla_rope_q_matches_reference(&gpu()));
+}
+
+#[test]
+fn mla_kv_row_and_rope_q_match_the_two_kernels() {
+    pollster::block_on(common::mla_moe::mla_kv_row_and_rope_q_match_the_two_kernels(&gpu()));
 }
 
 #[test]

@@ -62,6 +62,11 @@ async fn mla_rope_q_matches_reference() {
 }
 
 #[wasm_bindgen_test]
+async fn mla_kv_row_and_rope_q_match_the_two_kernels() {
+    common::mla_moe::mla_kv_row_and_rope_q_match_the_two_kernels(&Gpu::new().await.expect("WebGPU adapter")).await;
+}
+
+#[wasm_bindgen_test]
 async fn mla_attention_matches_reference() {
     common::mla_moe::mla_attention_matches_reference(&Gpu::new().await.expect("WebGPU adapter")).await;
 }
@@ -221,6 +226,7 @@ async fn batched_matvec_matches_reference() {
 async fn expert_matvec_reads_selected_slots() {
     common::matvec::expert_matvec_reads_selected_slots(&Gpu::new().await.expect("WebGPU adapter")).await;
 }
+
 
 #[wasm_bindgen_test]
 async fn matmul_every_type_matches_reference() {

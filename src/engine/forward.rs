@@ -426,13 +426,13 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &Sta
     // weights::mla_input_offsets)
     let (kv_at, gate_at) = weights::mla_input_offsets(c);
     w.products(gpu, p, l, Inputs::Attention, &s.h, &s.mla_in)?;
-    mla::kv_row(gpu, p, &s.mla_in, kv_at, t("attn_kv_a_norm.weight")?.whole(), cache, pos, rank, rope, c.rms_eps, c.rope_freq_base);
+    // the cache row and the query's RoPE part (q_abs rows' tails) in one dispatch
+    mla::kv_row_and_rope_q(gpu, p, &s.mla_in, kv_at, t("attn_kv_a_norm.weight")?.whole(), cache, &s.q_abs, pos, nh, d_nope, rank, rope, c.rms_eps, c.rope_freq_base);
     // absorbed query: q̃_h = W_kb,h · q_nope,h (per head: R rows of d_nope), written into q_abs row h
     let kb = t("attn_k_b.weight")?;
     let kb_m = Matrix { ty: kb.ty, rows: rank, cols: d_nope, byte_offset: 0 };
     let kb_stride = rank as u64 * kb_m.row_bytes() as u64;
     matvec::batched(gpu, p, kb.whole(), kb_m, kb_stride, &s.mla_in, Strided { offset: 0, stride: d_qk }, &s.q_abs, Strided { offset: 0, stride: latent }, nh);
-    mla::rope_q(gpu, p, &s.mla_in, &s.q_abs, pos, nh, d_nope, rope, rank, c.rope_freq_base);
     if mla::decode_by_products(pos + 1) && !gpu.cpu_kernels() {
         mla::attention_by_products(gpu, p, &s.q_abs, cache, &s.attn_scratch, Some(&s.attn_slices), &s.latent_mix, pos, 1, nh, rank, rope, d_qk);
     } else {

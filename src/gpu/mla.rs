@@ -69,6 +69,19 @@ fn kv_rows_at(gpu: &Gpu, pass: &mut Pass, kv: (&wgpu::Buffer, u32), norm_w: &wgp
     pass.dispatch(gpu, &kernel, &[kv, norm_w, cache], &params, tokens);
 }
 
+/// [`kv_row`] and [`rope_q`] of one decode step in one dispatch: `projections` holds the step's q (per head
+/// `[q_nope | q_pe]`) at 0 and its kv at `kv_at`.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_row_and_rope_q(gpu: &Gpu, pass: &mut Pass, projections: &wgpu::Buffer, kv_at: u32, norm_w: &wgpu::Buffer, cache: &wgpu::Buffer, q_abs: &wgpu::Buffer, pos: u32, n_head: u32, d_nope: u32, rank: u32, rope_dim: u32, eps: f32, rope_base: f32) {
+    assert!(rope_dim % 2 == 0, "RoPE dims come in pairs");
+    assert!(kv_at >= n_head * (d_nope + rope_dim), "the kv projection after the query");
+    assert!(q_abs.size() >= (n_head * (rank + rope_dim)) as u64 * 4, "q_abs holds every head's row");
+    assert_cache_holds(cache, pos, rank, rope_dim);
+    let kernel = gpu.kernel(LABEL, SHADER, "mla_kv_row_rope_q");
+    let params = [P::U(pos), P::U(rank), P::U(rope_dim), P::F(eps), P::F(rope_step(rope_base, rope_dim)), P::U(kv_at), P::U(n_head), P::U(d_nope)];
+    pass.dispatch(gpu, &kernel, &[projections, norm_w, cache, q_abs], &params, 1 + (n_head * rope_dim / 2).div_ceil(256));
+}
+
 /// RoPE of every head's q_pe into the tail of its absorbed query row: `q_abs[h·(rank + rope_dim) + rank ..]
 /// [.. rope_dim] = RoPE(q[h·(d_nope + rope_dim) + d_nope ..][.. rope_dim], pos)`. The first `rank` floats of each
 /// row (q̃_h = W_kb,h·q_nope,h) are another kernel's and are left alone.

@@ -115,6 +115,41 @@ pub async fn mla_rope_q_matches_reference(gpu: &Gpu) {
     }
 }
 
+/// A decode step's cache row and query RoPE in one dispatch (mla_kv_row_rope_q): the same cache and q_abs,
+/// bit for bit, as mla_kv_row then mla_rope_q (each checked against its reference above), from the step's
+/// projections (q at 0, kv after it), nothing written elsewhere.
+pub async fn mla_kv_row_and_rope_q_match_the_two_kernels(gpu: &Gpu) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    let (n_head, n_ctx, eps) = (3u32, 40usize, 1e-6);
+    for (rank, rope_dim, d_nope, base) in MLA_SHAPES {
+        let width = (rank + rope_dim) as usize;
+        let norm_w: Vec<f32> = (0..rank).map(|_| 1.0 + 0.3 * rng.normal()).collect();
+        let norm_w_buf = gpu.upload("norm_w", &f32_bytes(&norm_w));
+        for pos in [0u32, 37, 5] {
+            let q_len = (n_head * (d_nope + rope_dim)) as usize;
+            // q, then a gap, then kv, as a decode step's projections hold them
+            let kv_at = q_len + 5;
+            let std = rng.uniform(0.2, 3.0);
+            let projections = rng.normals(kv_at + width + 3, std);
+            let projections = gpu.upload("projections", &f32_bytes(&projections));
+            let [(cache_a, q_a), (cache_b, q_b)] = [0, 1].map(|_| (poisoned(gpu, "cache", n_ctx * width), poisoned(gpu, "q_abs", n_head as usize * width + 1)));
+            let mut pass = Pass::new();
+            mla::kv_row(gpu, &mut pass, &projections, kv_at as u32, &norm_w_buf, &cache_a, pos, rank, rope_dim, eps, base);
+            mla::rope_q(gpu, &mut pass, &projections, &q_a, pos, n_head, d_nope, rope_dim, rank, base);
+            mla::kv_row_and_rope_q(gpu, &mut pass, &projections, kv_at as u32, &norm_w_buf, &cache_b, &q_b, pos, n_head, d_nope, rank, rope_dim, eps, base);
+            pass.submit(gpu);
+            let what = format!("pos {pos} (R {rank}, r {rope_dim}, seed {seed})");
+            let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+            let (cache_a, cache_b) = (read_f32(gpu, &cache_a, n_ctx * width).await, read_f32(gpu, &cache_b, n_ctx * width).await);
+            assert!(cache_a[pos as usize * width..][..width].iter().all(|v| !v.is_nan()), "{what}: mla_kv_row wrote its row");
+            assert_eq!(bits(cache_a), bits(cache_b), "{what}: the caches");
+            let (q_a, q_b) = (read_f32(gpu, &q_a, n_head as usize * width + 1).await, read_f32(gpu, &q_b, n_head as usize * width + 1).await);
+            assert_eq!(bits(q_a), bits(q_b), "{what}: q_abs (its absorbed parts and the word past it unwritten by both)");
+        }
+    }
+}
+
 /// One head's attention output (f64): softmax over the rows of q·row/√d_qk, then the rows' first `rank` values
 /// weighed by it.
 fn reference_attention(q: &[f32], rows: &[&[f32]], rank: u32, d_qk: u32) -> Vec<f64> {
