@@ -134,18 +134,14 @@ fn mla_kv_row_rope_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         kv_row(KvRowParams(p.pos, p.rank, p.rope_dim, p.eps, p.rope_step, 1u, p.kv_offset), 0u, lid);
         return;
     }
-    let n_pairs = p.rope_dim / 2u;
     let index = (w - 1u) * 256u + lid;
-    if (index >= p.n_head * n_pairs) { return; }
-    let head = index / n_pairs;
-    let pair = index % n_pairs;
-    let src = head * (p.d_nope + p.rope_dim) + p.d_nope + 2u * pair;
-    let rotated = rope_pair(vec2<f32>(kv[src], kv[src + 1u]), p.pos, pair, p.rope_step);
-    let dst = head * (p.rank + p.rope_dim) + p.rank + 2u * pair;
-    // (dst + 1 is in the row's q_pe part, which ends at n_head·(rank + rope_dim))
-    if (dst + 1u < arrayLength(&kv_rope_q_abs)) {
-        kv_rope_q_abs[dst] = rotated.x;
-        kv_rope_q_abs[dst + 1u] = rotated.y;
+    if (index >= p.n_head * (p.rope_dim / 2u)) { return; }
+    let at = q_pe_pair(index, p.d_nope, p.rank, p.rope_dim);
+    let rotated = rope_pair(vec2<f32>(kv[at.x], kv[at.x + 1u]), p.pos, at.z, p.rope_step);
+    // (at.y + 1 is in its head's q_pe part, which ends at n_head·(rank + rope_dim))
+    if (at.y + 1u < arrayLength(&kv_rope_q_abs)) {
+        kv_rope_q_abs[at.y] = rotated.x;
+        kv_rope_q_abs[at.y + 1u] = rotated.y;
     }
 }
 
@@ -174,6 +170,15 @@ fn store_q_abs(token: u32, at: u32, value: f32) {
     }
 }
 
+// Where RoPE pair `index` (head index / (rope_dim/2), pair index % (rope_dim/2)) of a token's query is: its first
+// value in the token's q (per head [q_nope | q_pe]), in its q_abs (per head [absorbed (rank) | q_pe]), and the pair.
+fn q_pe_pair(index: u32, d_nope: u32, rank: u32, rope_dim: u32) -> vec3<u32> {
+    let n_pairs = rope_dim / 2u;
+    let head = index / n_pairs;
+    let pair = index % n_pairs;
+    return vec3<u32>(head * (d_nope + rope_dim) + d_nope + 2u * pair, head * (rank + rope_dim) + rank + 2u * pair, pair);
+}
+
 // One invocation per (head, pair), grid z per token.
 @compute @workgroup_size(64)
 fn mla_rope_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
@@ -183,13 +188,11 @@ fn mla_rope_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_w
     let index = (wg.x + wg.y * n_wg.x) * 64u + lid;
     let token = wg.z;
     if (index >= p.n_head * n_pairs || token >= p.tokens) { return; }
-    let head = index / n_pairs;
-    let pair = index % n_pairs;
-    let src = token * p.n_head * (p.d_nope + p.rope_dim) + head * (p.d_nope + p.rope_dim) + p.d_nope + 2u * pair;
-    let rotated = rope_pair(vec2<f32>(rope_q_in[src], rope_q_in[src + 1u]), p.pos + token, pair, p.rope_step);
-    let dst = head * (p.rank + p.rope_dim) + p.rank + 2u * pair;
-    store_q_abs(token, dst, rotated.x);
-    store_q_abs(token, dst + 1u, rotated.y);
+    let at = q_pe_pair(index, p.d_nope, p.rank, p.rope_dim);
+    let src = token * p.n_head * (p.d_nope + p.rope_dim) + at.x;
+    let rotated = rope_pair(vec2<f32>(rope_q_in[src], rope_q_in[src + 1u]), p.pos + token, at.z, p.rope_step);
+    store_q_abs(token, at.y, rotated.x);
+    store_q_abs(token, at.y + 1u, rotated.y);
 }
 
 // ── mla_attention: out[h·rank + ρ] = Σ_t softmax_t(q_abs_h·cache_t·scale)·cache_t[ρ], t = 0..=pos ──
