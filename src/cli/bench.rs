@@ -26,7 +26,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "0.05")]
     pub pools: String,
     /// Prefill chunk sizes, comma-separated (1, token by token, is the baseline and always runs first)
-    #[arg(long, default_value = "1,256")]
+    #[arg(long, default_value = "1,1024")]
     pub chunks: String,
     /// Skip the all-resident engine (for models whose experts do not fit the GPU)
     #[arg(long)]

@@ -51,7 +51,7 @@ export interface LoadOptions {
    * 0 reads in the engine's own thread). Where reader workers are not available (no read-only sync access
    * handles, a page policy against blob: workers) one reader is used, with a note in the console. */
   readers?: number;
-  /** Prompt tokens per chunk of the batched prefill (default 256; 1 feeds prompts token by token). */
+  /** Prompt tokens per chunk of the batched prefill (default 1024; 1 feeds prompts token by token). */
   prefillChunk?: number;
   /** Called as the weights arrive. */
   onProgress?: (progress: LoadProgress) => void;
@@ -124,7 +124,7 @@ export interface BenchOptions {
   prompts?: number[];
   /** Tokens decoded (greedy) after each prompt (default 32). */
   decode?: number;
-  /** Prefill chunk sizes to compare (default [1, 256]; 1, token by token, is the baseline and runs first). */
+  /** Prefill chunk sizes to compare (default [1, 1024]; 1, token by token, is the baseline and runs first). */
   chunks?: number[];
   /** Seed of the prompts' token ids (default 1). */
   seed?: number;
