@@ -25,9 +25,10 @@ pub struct BenchArgs {
     /// Streaming pools to run besides all-resident, as fractions of the experts (comma-separated; empty: none)
     #[arg(long, default_value = "0.05")]
     pub pools: String,
-    /// Prefill chunk sizes, comma-separated (1, token by token, is the baseline and always runs first)
-    #[arg(long, default_value = "1,1024")]
-    pub chunks: String,
+    /// Prefill chunk sizes, comma-separated (1, token by token, is the baseline and always runs first) [default:
+    /// 1 and the engine's default chunk, 1024]
+    #[arg(long)]
+    pub chunks: Option<String>,
     /// Skip the all-resident engine (for models whose experts do not fit the GPU)
     #[arg(long)]
     pub no_resident: bool,
@@ -90,7 +91,8 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
     let prompts: Vec<usize> = list("--prompts", &args.prompts)?;
     let pools: Vec<f64> = list("--pools", &args.pools)?;
     let mut chunks: Vec<usize> = vec![1];
-    for c in list::<usize>("--chunks", &args.chunks)? {
+    let asked = args.chunks.clone().unwrap_or_else(|| format!("1,{}", crate::engine::DEFAULT_PREFILL_CHUNK));
+    for c in list::<usize>("--chunks", &asked)? {
         if c == 0 {
             return Err("--chunks: a chunk holds at least one token".into());
         }
