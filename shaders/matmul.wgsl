@@ -286,33 +286,58 @@ const BIG_ROWS: u32 = 128u;
 const BIG_TOKENS: u32 = 128u;
 const BIG_STEP: u32 = 16u;
 
+// One invocation's place in a big tile: what it loads (8 columns of tile row and token load_index, from part) and
+// what it computes (rows 4·rg .. +3 and 64 + 4·rg .. +3, tokens 4·tg .. +3 and 64 + 4·tg .. +3).
+struct BigTile {
+    row0: u32,
+    t0: u32,
+    b: u32,
+    count: u32,
+    load_index: u32,
+    part: u32,
+    row_ok: bool,
+    row_at: u32,
+    loads: bool,
+    x_base: u32,
+    rg: u32,
+    tg: u32,
+    computes: bool,
+}
+
+fn big_tile(prm: Params, wg: vec3<u32>, lid: u32) -> BigTile {
+    var t: BigTile;
+    t.row0 = wg.x * BIG_ROWS;
+    t.t0 = wg.y * BIG_TOKENS;
+    t.b = wg.z;
+    t.count = min(BIG_TOKENS, max(prm.tokens, t.t0) - t.t0);
+    t.load_index = lid / 2u;
+    t.part = (lid % 2u) * 8u;
+    t.row_ok = t.row0 + t.load_index < prm.rows;
+    t.row_at = prm.w_offset + t.b * prm.w_stride + (t.row0 + t.load_index) * prm.row_bytes;
+    t.loads = t.load_index < t.count;
+    t.x_base = prm.x_offset + t.b * prm.x_batch + (t.t0 + t.load_index) * prm.x_stride;
+    t.rg = lid % 16u;
+    t.tg = lid / 16u;
+    t.computes = t.tg * 4u < t.count;
+    return t;
+}
+
 @compute @workgroup_size(256)
 fn matmul_big(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let prm = p;
-    let row0 = wg.x * BIG_ROWS;
-    let t0 = wg.y * BIG_TOKENS;
-    if (t0 >= prm.tokens || row0 >= prm.rows) { return; }
-    let b = wg.z;
-    let count = min(BIG_TOKENS, prm.tokens - t0);
-    // loading: invocation lid decodes 8 columns of tile row lid / 2 and loads 8 inputs of tile token lid / 2
-    let load_index = lid / 2u;
-    let part = (lid % 2u) * 8u;
-    let row = row0 + load_index;
-    let row_ok = row < prm.rows;
-    let row_at = prm.w_offset + b * prm.w_stride + row * prm.row_bytes;
-    let loads = load_index < count;
-    let x_base = prm.x_offset + b * prm.x_batch + (t0 + load_index) * prm.x_stride;
-    // computing: rows 4·rg .. +3 and 64 + 4·rg .. +3, tokens 4·tg .. +3 and 64 + 4·tg .. +3
-    let rg = lid % 16u;
-    let tg = lid / 16u;
-    let computes = tg * 4u < count;
+    // from the workgroup's id alone (a condition made of the struct would count as non-uniform, and Tint rejects
+    // the barriers after it)
+    if (wg.y * BIG_TOKENS >= prm.tokens || wg.x * BIG_ROWS >= prm.rows) { return; }
+    let tile = big_tile(prm, wg, lid);
+    let rg = tile.rg;
+    let tg = tile.tg;
     var acc: array<vec4<f32>, 16>;
-    var next = fetch_step(prm, row_ok, row_at, loads, x_base, part);
+    var next = fetch_step(prm, tile.row_ok, tile.row_at, tile.loads, tile.x_base, tile.part);
     for (var k0 = 0u; k0 < prm.cols; k0 += BIG_STEP) {
-        stage_step(prm, next, row_ok, row_at, k0 + part, part, load_index, 32u);
+        stage_step(prm, next, tile.row_ok, tile.row_at, k0 + tile.part, tile.part, tile.load_index, 32u);
         workgroupBarrier();
-        if (k0 + BIG_STEP < prm.cols) { next = fetch_step(prm, row_ok, row_at, loads, x_base, k0 + BIG_STEP + part); }
-        if (computes) {
+        if (k0 + BIG_STEP < prm.cols) { next = fetch_step(prm, tile.row_ok, tile.row_at, tile.loads, tile.x_base, k0 + BIG_STEP + tile.part); }
+        if (tile.computes) {
             for (var k = 0u; k < BIG_STEP; k++) {
                 let w0 = w_tile[k * 32u + rg];
                 let w1 = w_tile[k * 32u + 16u + rg];
@@ -339,17 +364,23 @@ fn matmul_big(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         }
         workgroupBarrier();
     }
-    let y_base = prm.y_offset + b * prm.y_batch + t0 * prm.y_stride;
-    let r = row0 + rg * 4u;
-    let t = tg * 4u;
-    big_store(prm, y_base, r, t, count, acc[0], acc[8]);
-    big_store(prm, y_base, r, t + 1u, count, acc[1], acc[9]);
-    big_store(prm, y_base, r, t + 2u, count, acc[2], acc[10]);
-    big_store(prm, y_base, r, t + 3u, count, acc[3], acc[11]);
-    big_store(prm, y_base, r, t + 64u, count, acc[4], acc[12]);
-    big_store(prm, y_base, r, t + 65u, count, acc[5], acc[13]);
-    big_store(prm, y_base, r, t + 66u, count, acc[6], acc[14]);
-    big_store(prm, y_base, r, t + 67u, count, acc[7], acc[15]);
+    big_store_all(prm, tile, acc);
+}
+
+// The tile's sums: acc[0..4] hold rows 4·rg .. +3 of tokens 4·tg .. +3, acc[4..8] of tokens 64 + 4·tg .. +3;
+// acc[8..16] the same tokens' rows 64 + 4·rg .. +3.
+fn big_store_all(prm: Params, tile: BigTile, acc: array<vec4<f32>, 16>) {
+    let y_base = prm.y_offset + tile.b * prm.y_batch + tile.t0 * prm.y_stride;
+    let r = tile.row0 + tile.rg * 4u;
+    let t = tile.tg * 4u;
+    big_store(prm, y_base, r, t, tile.count, acc[0], acc[8]);
+    big_store(prm, y_base, r, t + 1u, tile.count, acc[1], acc[9]);
+    big_store(prm, y_base, r, t + 2u, tile.count, acc[2], acc[10]);
+    big_store(prm, y_base, r, t + 3u, tile.count, acc[3], acc[11]);
+    big_store(prm, y_base, r, t + 64u, tile.count, acc[4], acc[12]);
+    big_store(prm, y_base, r, t + 65u, tile.count, acc[5], acc[13]);
+    big_store(prm, y_base, r, t + 66u, tile.count, acc[6], acc[14]);
+    big_store(prm, y_base, r, t + 67u, tile.count, acc[7], acc[15]);
 }
 
 // Token `token` of a big tile: rows r .. r+3 from `low`, rows r+64 .. r+67 from `high`.

@@ -7,6 +7,7 @@ mod common;
 use lingtab::gpu::matmul::ExpertTiles;
 use lingtab::gpu::matvec::Variant;
 use lingtab::gpu::Gpu;
+use lingtab::quant::GgmlType;
 
 fn gpu() -> Gpu {
     let gpu = pollster::block_on(Gpu::new()).expect("a Vulkan adapter (lavapipe: apt-get install mesa-vulkan-drivers)");
@@ -62,6 +63,31 @@ fn expert_matvec_reads_selected_slots() {
 #[test]
 fn matmul_every_type_matches_reference() {
     pollster::block_on(common::matmul::matmul_every_type_matches_reference(&gpu()));
+}
+
+/// The plain path on a device with `shader-f16`: big tiles multiply in f32 (held to f32 rounding).
+#[test]
+fn matmul_without_f16_matches_reference() {
+    let gpu = gpu();
+    gpu.set_f16(false);
+    assert!(!lingtab::gpu::matmul::multiplies_in_f16(&gpu, GgmlType::Q4_K, 70));
+    pollster::block_on(common::matmul::matmul_every_type_matches_reference(&gpu));
+    pollster::block_on(common::matmul::split_matmul_matches_reference(&gpu));
+    pollster::block_on(common::matmul::batched_matmul_matches_reference(&gpu));
+}
+
+/// lavapipe has `shader-f16`, so the tests above run big tiles (over 64 tokens) of non-F32 matrices in f16 here,
+/// and only those.
+#[test]
+fn big_tiles_multiply_in_f16_where_the_device_has_it() {
+    use lingtab::gpu::matmul::multiplies_in_f16;
+    let gpu = gpu();
+    assert!(gpu.summary.shader_f16, "this adapter has no shader-f16: the f16 big tiles go untested here");
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::F16] {
+        assert!(multiplies_in_f16(&gpu, ty, 65) && multiplies_in_f16(&gpu, ty, 2048), "{ty}");
+        assert!(!multiplies_in_f16(&gpu, ty, 64) && !multiplies_in_f16(&gpu, ty, 16) && !multiplies_in_f16(&gpu, ty, 1), "{ty}");
+    }
+    assert!(!multiplies_in_f16(&gpu, GgmlType::F32, 2048));
 }
 
 #[test]

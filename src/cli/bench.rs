@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// Reductions through workgroup memory only, even where the device has subgroup operations
     #[arg(long)]
     pub no_subgroups: bool,
+    /// Big tiles (products over more than 64 tokens) multiplied in f32 only, even where the device has
+    /// `shader-f16`
+    #[arg(long)]
+    pub no_f16: bool,
     /// One product per matrix for the matrices of a layer that read the same input, instead of one per stack
     #[arg(long)]
     pub no_stacks: bool,
@@ -135,6 +139,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
             eprintln!("{}; memory read {:.0} GB/s (measured here); {:.1} MB read per decode token at the least", engine.gpu.summary, bandwidth, engine.min_bytes_per_token() as f64 / 1e6);
         }
         engine.gpu.set_subgroups(!args.no_subgroups);
+        engine.gpu.set_f16(!args.no_f16);
         engine.gpu.set_checked_kernels(args.checked_kernels);
         engine.set_run_ahead(!args.no_run_ahead);
         let before = rows.len();

@@ -8,6 +8,7 @@ use crate::quant::GgmlType;
 
 const QUANT: &str = include_str!("../../shaders/quant.wgsl");
 const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+const MATMUL_F16: &str = include_str!("../../shaders/matmul_f16.wgsl");
 const LABEL: &str = "matmul.wgsl";
 
 /// Rows and tokens of a wide tile (`TILE_ROWS`, `TILE_TOKENS` in the shader), for many tokens.
@@ -46,6 +47,18 @@ fn tiles_for(rows: u32, tokens: u32, batch: u32) -> (&'static str, (u32, u32, u3
     } else {
         ("matmul", (rows.div_ceil(TILE_ROWS), tokens.div_ceil(TILE_TOKENS), batch))
     }
+}
+
+/// Whether a dense product of a `ty` matrix over `tokens` tokens multiplies in f16: on big tiles, for quantised
+/// and f16 matrices, on a device with `shader-f16` (see `shaders/matmul_f16.wgsl` for its rounding). F32
+/// matrices (the router, attention over its cache) stay in f32, as llama.cpp keeps them: routing and the softmax
+/// magnify their rounding.
+pub fn multiplies_in_f16(gpu: &Gpu, ty: GgmlType, tokens: u32) -> bool {
+    tokens > FEW_TOKENS && tiles_for(0, tokens, 1).0 == "matmul_big" && in_f16(gpu, ty, "matmul_big")
+}
+
+fn in_f16(gpu: &Gpu, ty: GgmlType, entry: &str) -> bool {
+    entry == "matmul_big" && ty != GgmlType::F32 && gpu.f16_products()
 }
 
 /// Token counts up to this use row tiles.
@@ -143,8 +156,12 @@ pub fn expert_tiles(tokens: u32, pairs: u32, n_expert: u32) -> ExpertTiles {
 }
 
 /// The kernel `entry` for matrices of type `ty`: each type's kernels are built apart, with the type the shader's
-/// constant `TY`, so each keeps one type's code (as matvec.rs does).
+/// constant `TY`, so each keeps one type's code (as matvec.rs does). Big tiles of non-F32 matrices multiply in
+/// f16 (`matmul_f16.wgsl`) where the device has it ([`multiplies_in_f16`]).
 fn kernel(gpu: &Gpu, ty: GgmlType, entry: &str) -> std::rc::Rc<super::Kernel> {
+    if in_f16(gpu, ty, entry) {
+        return gpu.kernel_built(&format!("{LABEL} {ty:?} f16"), "matmul_big_f16", || format!("enable f16;\n{}{MATMUL_F16}", source(ty)));
+    }
     gpu.kernel_built(&format!("{LABEL} {ty:?}"), entry, || source(ty))
 }
 

@@ -41,6 +41,8 @@ pub struct AdapterSummary {
     pub features: Vec<String>,
     /// Subgroup lanes the kernels shuffle across (None: the device has no subgroup operations)
     pub subgroup_lanes: Option<u32>,
+    /// Whether the device has f16 arithmetic in shaders (`shader-f16`)
+    pub shader_f16: bool,
 }
 
 impl fmt::Display for AdapterSummary {
@@ -55,7 +57,11 @@ impl fmt::Display for AdapterSummary {
             self.max_buffer_size,
             self.max_storage_buffer_binding_size,
             self.subgroup_lanes.map(|l| format!(" subgroups of {l}+")).unwrap_or_default()
-        )
+        )?;
+        if self.shader_f16 {
+            write!(f, " shader-f16")?;
+        }
+        Ok(())
     }
 }
 
@@ -129,6 +135,9 @@ pub struct Gpu {
     /// across that many lanes before workgroup memory takes over.
     subgroup_lanes: Option<u32>,
     subgroups_on: std::cell::Cell<bool>,
+    /// Whether the device has f16 arithmetic (`shader-f16`, requested where the adapter offers it).
+    shader_f16: bool,
+    f16_on: std::cell::Cell<bool>,
     cpu_kernels_on: std::cell::Cell<bool>,
     /// Whether kernels built from now on keep all of wgpu's runtime checks ([`Gpu::set_checked_kernels`]).
     kernels_checked: std::cell::Cell<bool>,
@@ -171,10 +180,12 @@ impl Gpu {
         // timestamps inside compute passes, where the adapter has them, for `lingtab bench --timeline`
         let stamps = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let timestamps = if adapter.features().contains(stamps) { stamps } else { wgpu::Features::empty() };
+        let shader_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        let f16 = if shader_f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("lingtab"),
-                required_features: (if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() }) | timestamps,
+                required_features: (if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() }) | timestamps | f16,
                 required_limits: limits.clone(),
                 ..Default::default()
             })
@@ -211,8 +222,9 @@ impl Gpu {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             features: adapter.features().iter_names().map(|(n, _)| n.to_string()).collect(),
             subgroup_lanes,
+            shader_f16,
         };
-        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), cpu_kernels_on: std::cell::Cell::new(true), kernels_checked: std::cell::Cell::new(false), timeline: Default::default() })
+        Ok(Gpu { adapter, device, queue, summary, kernels: Default::default(), lost, uncaptured, counters: Default::default(), subgroup_lanes, subgroups_on: std::cell::Cell::new(true), shader_f16, f16_on: std::cell::Cell::new(true), cpu_kernels_on: std::cell::Cell::new(true), kernels_checked: std::cell::Cell::new(false), timeline: Default::default() })
     }
 
     /// Whether to take the kernels for a CPU adapter (SwiftShader, lavapipe; in the browser, a fallback
@@ -240,6 +252,18 @@ impl Gpu {
     /// (to test and measure the plain path on one that has them).
     pub fn set_subgroups(&self, on: bool) {
         self.subgroups_on.set(on);
+    }
+
+    /// Whether products may multiply in f16 (see `matmul::matmul_big`'s f16 tiles): the device has `shader-f16`
+    /// and [`Gpu::set_f16`] did not turn it off.
+    pub fn f16_products(&self) -> bool {
+        self.shader_f16 && self.f16_on.get()
+    }
+
+    /// Off: products dispatched from now on multiply in f32 only, as on a device without `shader-f16` (to test
+    /// and measure the plain path on one that has it).
+    pub fn set_f16(&self, on: bool) {
+        self.f16_on.set(on);
     }
 
     /// On: kernels built from now on keep all of wgpu's runtime checks (naga's forced loop bounding, a counter in

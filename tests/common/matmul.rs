@@ -17,14 +17,43 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rand) -> (Vec
     (bytes, values)
 }
 
+/// Error bounds of a product, relative to Σ|w·x| and absolute.
+#[derive(Clone, Copy)]
+struct Tolerance {
+    relative: f64,
+    absolute: f64,
+}
+
+/// f32 rounding of a long sum.
+const F32_SUMS: Tolerance = Tolerance { relative: 1e-5, absolute: 1e-6 };
+
+/// Big tiles in f16 (`shaders/matmul_f16.wgsl`): each weight and input rounded to f16 (2^-11 relative each), each
+/// product rounded (2^-11), a step's 16 products summed in f16 (at most 15 roundings of 2^-11 of Σ|terms|), then
+/// f32; 2^-25 absolute per f16 value below the normal range.
+const F16_STEPS: Tolerance = Tolerance { relative: 18.0 / 2048.0, absolute: 1e-5 };
+
+/// The bound a dense product of a `ty` matrix over `tokens` tokens is held to on this device.
+fn tolerance(gpu: &Gpu, ty: GgmlType, tokens: usize) -> Tolerance {
+    if matmul::multiplies_in_f16(gpu, ty, tokens as u32) {
+        F16_STEPS
+    } else {
+        F32_SUMS
+    }
+}
+
 /// Asserts `got` (row r at got[r]) is W·x within f32 rounding of a `cols`-term sum.
 fn check_row(what: &str, got: &[f32], w: &[f64], x: &[f32], rows: usize, cols: usize) {
+    check_row_within(what, got, w, x, rows, cols, F32_SUMS);
+}
+
+/// [`check_row`] within `tol`.
+fn check_row_within(what: &str, got: &[f32], w: &[f64], x: &[f32], rows: usize, cols: usize, tol: Tolerance) {
     for r in 0..rows {
         let terms = (0..cols).map(|i| w[r * cols + i] * x[i] as f64);
         let want: f64 = terms.clone().sum();
         let scale: f64 = terms.map(f64::abs).sum();
         let err = (got[r] as f64 - want).abs();
-        assert!(err <= 1e-5 * scale + 1e-6, "{what} row {r}: GPU {} vs reference {want} (|Δ| {err:.2e})", got[r]);
+        assert!(err <= tol.relative * scale + tol.absolute, "{what} row {r}: GPU {} vs reference {want} (|Δ| {err:.2e})", got[r]);
     }
 }
 
@@ -52,12 +81,13 @@ pub async fn matmul_every_type_matches_reference(gpu: &Gpu) {
         matmul::matmul(gpu, &mut pass, &w_buf, m, tokens as u32, &x_buf, x_at, &y_buf, y_at);
         pass.submit(gpu);
         let y = read_f32(gpu, &y_buf, y_len).await;
-        let what = format!("{ty} × {tokens} tokens (seed {seed})");
+        let f16 = matmul::multiplies_in_f16(gpu, ty, tokens as u32);
+        let what = format!("{ty} × {tokens} tokens{} (seed {seed})", if f16 { " in f16" } else { "" });
         assert!(y[..2].iter().all(|v| v.is_nan()), "{what}: wrote before y's offset");
         for t in 0..tokens {
             let row = &y[2 + t * y_at.stride as usize..][..y_at.stride as usize];
             let xt = &x[5 + t * x_at.stride as usize..][..cols];
-            check_row(&format!("{what}, token {t}"), row, &w, xt, rows, cols);
+            check_row_within(&format!("{what}, token {t}"), row, &w, xt, rows, cols, tolerance(gpu, ty, tokens));
             assert!(row[rows..].iter().all(|v| v.is_nan()), "{what}, token {t}: wrote past its rows");
         }
     }
@@ -92,7 +122,7 @@ pub async fn split_matmul_matches_reference(gpu: &Gpu) {
         for t in 0..tokens {
             let row = &y[1 + t * y_at.stride as usize..][..y_at.stride as usize];
             let xt = &x[3 + t * x_at.stride as usize..][..cols];
-            check_row(&format!("{what}, token {t}"), row, &w, xt, rows, cols);
+            check_row_within(&format!("{what}, token {t}"), row, &w, xt, rows, cols, tolerance(gpu, ty, tokens));
             assert!(row[rows..].iter().all(|v| v.is_nan()), "{what}, token {t}: wrote past its rows");
         }
     }
@@ -122,7 +152,7 @@ pub async fn batched_matmul_matches_reference(gpu: &Gpu) {
             for h in 0..heads {
                 let at = t * y_at.stride as usize + h * y_batch as usize;
                 let xs = &x[t * x_at.stride as usize + h * x_batch as usize..][..cols];
-                check_row(&format!("token {t} head {h} (seed {seed})"), &y[at..][..rows], &w[h * rows * cols..][..rows * cols], xs, rows, cols);
+                check_row_within(&format!("token {t} of {tokens}, head {h} (seed {seed})"), &y[at..][..rows], &w[h * rows * cols..][..rows * cols], xs, rows, cols, tolerance(gpu, ty, tokens));
                 assert!(y[at + rows..at + y_batch as usize].iter().all(|v| v.is_nan()), "token {t} head {h}: wrote past its rows");
             }
         }
