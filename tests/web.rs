@@ -1273,7 +1273,8 @@ mod store {
     /// store, resident and with a small streaming pool. Beyond printing the table, what the counters must show:
     /// chunks need fewer dispatches per prompt token than token by token; a resident engine syncs once per
     /// decoded token and reads nothing from the store; a streaming chunked prefill reads fewer store bytes per
-    /// prompt token than token by token (each expert once per span), and the bench leaves the engine usable.
+    /// prompt token than token by token (each expert once per span), and the bench leaves the engine usable and
+    /// refuses options it cannot run with a clear error.
     #[wasm_bindgen_test]
     async fn the_browser_bench_prints_the_table() {
         let (name, _) = ingested("bench").await;
@@ -1325,6 +1326,10 @@ mod store {
             js_sys::Reflect::set(&bad, &"prompts".into(), &js_sys::Array::of1(&1000.into())).unwrap();
             let err = message(JsFuture::from(engine.bench(bad.into()).unwrap()).await.unwrap_err());
             assert!(err.contains("do not fit the context"), "{err}");
+            let bad = js_sys::Object::new();
+            js_sys::Reflect::set(&bad, &"f16".into(), &"yes".into()).unwrap();
+            let err = message(engine.bench(bad.into()).err().expect("f16: \"yes\" is refused").into());
+            assert!(err.contains("f16 must be true or false"), "{err}");
             assert!(engine.stats().is_ok());
             engine.dispose();
         }

@@ -128,6 +128,9 @@ export interface BenchOptions {
   chunks?: number[];
   /** Seed of the prompts' token ids (default 1). */
   seed?: number;
+  /** Big tiles (chunks of over 64 tokens) multiply in f16 where the adapter has `shader-f16` (default true);
+   * false runs the f32 path, to compare. */
+  f16?: boolean;
 }
 
 export interface BenchRow {
@@ -386,6 +389,14 @@ fn parse_bench_options(options: &JsValue) -> Result<crate::engine::bench::BenchP
     Ok(crate::engine::bench::BenchPlan { prompts, decode, chunks, seed })
 }
 
+/// `BenchOptions.f16`: whether big tiles may multiply in f16 (default true).
+fn parse_bench_f16(options: &JsValue) -> Result<bool, JsError> {
+    match get(options, "f16") {
+        None => Ok(true),
+        Some(v) => v.as_bool().ok_or_else(|| js_error(format!("bench: f16 must be true or false, not {v:?}"))),
+    }
+}
+
 #[wasm_bindgen]
 impl Engine {
     /// Loads a model onto the WebGPU device: its GGUF headers and weights over HTTP Range requests (`model`), or
@@ -591,6 +602,7 @@ impl Engine {
     pub fn bench(&self, #[wasm_bindgen(unchecked_param_type = "BenchOptions")] options: JsValue) -> Result<js_sys::Promise, JsError> {
         self.check_usable()?;
         let plan = parse_bench_options(&options)?;
+        let f16 = parse_bench_f16(&options)?;
         let mut session = self.session.borrow_mut().take().expect("checked above");
         let home = self.session.clone();
         let disposed = self.disposed.clone();
@@ -599,12 +611,14 @@ impl Engine {
             let (chunk, span) = (engine.prefill_chunk(), engine.prefill_span());
             let mode = if engine.is_streaming() { format!("pool {}", engine.stats().pool_slots) } else { "resident".to_string() };
             let mut rows = Vec::new();
+            engine.gpu.set_f16(f16);
             let measured = async {
                 let bandwidth = crate::engine::bench::read_bandwidth(&engine.gpu, 256 << 20, 10, 3).await?;
                 crate::engine::bench::run(engine, &mode, &plan, Some(bandwidth), &mut rows).await?;
                 Ok::<f64, String>(bandwidth)
             }
             .await;
+            engine.gpu.set_f16(true);
             let restored = engine.set_prefill(chunk, Some(span));
             session.reset();
             if !*disposed.borrow() {
