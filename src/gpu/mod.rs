@@ -254,8 +254,8 @@ impl Gpu {
         self.subgroups_on.set(on);
     }
 
-    /// Whether products may multiply in f16 (see `matmul::matmul_big`'s f16 tiles): the device has `shader-f16`
-    /// and [`Gpu::set_f16`] did not turn it off.
+    /// Whether products may multiply in f16 (which do: [`matmul::multiplies_in_f16`]): the device has
+    /// `shader-f16` and [`Gpu::set_f16`] did not turn it off.
     pub fn f16_products(&self) -> bool {
         self.shader_f16 && self.f16_on.get()
     }
