@@ -54,9 +54,10 @@ fn tiles_for(rows: u32, tokens: u32, batch: u32) -> (&'static str, (u32, u32, u3
 /// matrices (the router, attention over its cache) stay in f32, as llama.cpp keeps them: routing and the softmax
 /// magnify their rounding.
 pub fn multiplies_in_f16(gpu: &Gpu, ty: GgmlType, tokens: u32) -> bool {
-    tokens > FEW_TOKENS && tiles_for(0, tokens, 1).0 == "matmul_big" && in_f16(gpu, ty, "matmul_big")
+    in_f16(gpu, ty, grid(0, tokens, 1).0)
 }
 
+/// Whether [`kernel`] builds `entry` for `ty` matrices in f16.
 fn in_f16(gpu: &Gpu, ty: GgmlType, entry: &str) -> bool {
     entry == "matmul_big" && ty != GgmlType::F32 && gpu.f16_products()
 }
