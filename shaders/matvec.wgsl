@@ -1,6 +1,7 @@
 // Matrix-vector products over ggml rows read straight from their GGUF bytes: y[r] = Σ_i W[r, i]·x[i].
-// A workgroup of 256 is split into lane groups of `lanes` invocations (16 or 32 for Q4_K and Q6_K: 16 per
-// 256-value block, one or two blocks side by side; 4..32 for the other types: one per 32-value sub-block);
+// A workgroup of 256 is split into lane groups of `lanes` invocations (for Q4_K and Q6_K 16 per 256-value
+// block, or 8 per Q6_K block (Q6K_LANES), one or two blocks side by side; 4..32 for the other types: one per
+// 32-value sub-block);
 // each lane group computes ROWS neighbouring rows at once, so every x value it loads serves ROWS rows and each
 // lane has ROWS rows' loads in flight. Lanes walk their row in whole blocks, the 16 lanes of a block reading
 // neighbouring words; one reduction through workgroup memory at the end. workgroup_id.z selects a matrix:
@@ -137,6 +138,49 @@ fn q6k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, bias: vec4<f32>) -> f32 
     return d * dot(sc, dots - bias);
 }
 
+// The Q6_K variants with 8 lanes a block (matvec.rs sets Q6K_LANES): lane t (0..8) takes values 8·(t%4)..+8 of
+// each of the four 32-value quarters of half t/4, so its scale and d words serve twice the values.
+const Q6K_LANES: u32 = 16u;
+
+fn q6k_x8(xb: u32, t: u32) -> array<vec4<f32>, 8> {
+    let i = xb + (t / 4u) * 128u + (t % 4u) * 8u;
+    return array<vec4<f32>, 8>(x4(i), x4(i + 4u), x4(i + 32u), x4(i + 36u), x4(i + 64u), x4(i + 68u), x4(i + 96u), x4(i + 100u));
+}
+
+fn q6k_bias8(xs: array<vec4<f32>, 8>) -> vec4<f32> {
+    let one = vec4<f32>(32.0);
+    return vec4<f32>(dot(xs[0] + xs[1], one), dot(xs[2] + xs[3], one), dot(xs[4] + xs[5], one), dot(xs[6] + xs[7], one));
+}
+
+fn q6k_dot8(block: u32, t: u32, xs: array<vec4<f32>, 8>, bias: vec4<f32>) -> f32 {
+    let half = t / 4u;
+    let l0 = (t % 4u) * 8u;
+    let s = (block & 2u) * 8u;
+    let w = block >> 2u;
+    let at = w + half * 16u + l0 / 4u;
+    let lo = vec2<u32>(word_at(at, s), word_at(at + 1u, s)); // quarters 0 (low nibbles) and 2 (high)
+    let hi = vec2<u32>(word_at(at + 8u, s), word_at(at + 9u, s)); // quarters 1 and 3
+    let hat = w + 32u + half * 8u + l0 / 4u;
+    let h = vec2<u32>(word_at(hat, s), word_at(hat + 1u, s)); // 2 high bits of each quarter
+    let sa = word_at(w + 48u + half * 2u, s);
+    let sb = word_at(w + 49u + half * 2u, s);
+    let d = unpack2x16float(word_at(w + 52u, s)).x;
+    let k = (l0 / 16u) * 8u;
+    let m4 = vec2<u32>(0x0f0f0f0fu);
+    let m2 = vec2<u32>(0x30303030u);
+    let q0 = (lo & m4) | ((h << vec2<u32>(4u)) & m2);
+    let q1 = (hi & m4) | ((h << vec2<u32>(2u)) & m2);
+    let q2 = ((lo >> vec2<u32>(4u)) & m4) | (h & m2);
+    let q3 = ((hi >> vec2<u32>(4u)) & m4) | ((h >> vec2<u32>(2u)) & m2);
+    let sc = vec4<f32>(vec4<i32>(vec4<u32>(sa << (24u - k), sa << (8u - k), sb << (24u - k), sb << (8u - k))) >> vec4<u32>(24u));
+    let dots = vec4<f32>(
+        dot(bytes_f32(q0.x, 0.0), xs[0]) + dot(bytes_f32(q0.y, 0.0), xs[1]),
+        dot(bytes_f32(q1.x, 0.0), xs[2]) + dot(bytes_f32(q1.y, 0.0), xs[3]),
+        dot(bytes_f32(q2.x, 0.0), xs[4]) + dot(bytes_f32(q2.y, 0.0), xs[5]),
+        dot(bytes_f32(q3.x, 0.0), xs[6]) + dot(bytes_f32(q3.y, 0.0), xs[7]));
+    return d * dot(sc, dots - bias);
+}
+
 // Q4_K lane t (0..16) of a block: bytes 8·(t%4)..+8 of 64-value chunk t/4, low nibbles (sub-block 2c, values
 // 64c + 8·(t%4)..) then high (sub-block 2c+1, 32 values on).
 fn q4k_x(xb: u32, t: u32) -> array<vec4<f32>, 4> {
@@ -201,12 +245,17 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
     var acc: array<f32, ROWS>;
     switch TY {
         case 12u, 14u: {
-            let t = lane % 16u;
-            let side = max(p.lanes / 16u, 1u); // never 0: every loop must end (kernel.rs)
+            let per_block = select(16u, Q6K_LANES, TY == 14u);
+            let t = lane % per_block;
+            let side = max(p.lanes / per_block, 1u); // never 0: every loop must end (kernel.rs)
             let block_bytes = select(144u, 210u, TY == 14u);
-            for (var blk = lane / 16u; blk < p.cols / 256u; blk += side) {
+            for (var blk = lane / per_block; blk < p.cols / 256u; blk += side) {
                 let xb = xb + blk * 256u;
-                if (TY == 14u) {
+                if (TY == 14u && Q6K_LANES == 8u) {
+                    let xs = q6k_x8(xb, t);
+                    let bias = q6k_bias8(xs);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot8(rows[r] + blk * block_bytes, t, xs, bias); }
+                } else if (TY == 14u) {
                     let xs = q6k_x(xb, t);
                     let bias = q6k_bias(xs);
                     for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot(rows[r] + blk * block_bytes, t, xs, bias); }

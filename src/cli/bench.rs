@@ -179,8 +179,8 @@ pub struct BenchKernelsArgs {
     #[arg(long, default_value_t = 50)]
     pub reps: u32,
     /// Kernel variants to measure besides each matrix's default, comma-separated (r1i, r2i, r4i, r1m, r2m, r4m,
-    /// r2in, r4in, r4is: rows per lane group, integer or magic conversion, n: one block at a time, s: x read as
-    /// f32), or "all"
+    /// r2in, r4in, r1i8, r2i8, r4is: rows per lane group, integer or magic conversion, n: one block at a time, 8:
+    /// Q6_K blocks by 8 lanes, s: x read as f32), or "all"
     #[arg(long, default_value = "")]
     pub variants: String,
     /// Print the rows as JSON

@@ -11,8 +11,10 @@ const DENSE_MARKER: &str = "// ---- dense entry point";
 
 /// How the kernel is specialised (compile-time constants of matvec.wgsl): rows per lane group, whether quants
 /// become f32 through exponent bits (`magic`) or an integer conversion, Q4_K/Q6_K rows one block at a time
-/// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4, and
-/// each row by one invocation with no barrier (`whole_rows`, for CPU adapters) instead of a group of lanes.
+/// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4, each
+/// row by one invocation with no barrier (`whole_rows`, for CPU adapters) instead of a group of lanes, and Q6_K
+/// blocks by 8 lanes of 32 values instead of 16 of 16 (`octets`: a lane's scale and d words then serve twice the
+/// values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub rows: u32,
@@ -20,18 +22,23 @@ pub struct Variant {
     pub narrow: bool,
     pub scalar_x: bool,
     pub whole_rows: bool,
+    pub octets: bool,
 }
 
 const fn v(rows: u32, magic: bool, narrow: bool, scalar_x: bool) -> Variant {
-    Variant { rows, magic, narrow, scalar_x, whole_rows: false }
+    Variant { rows, magic, narrow, scalar_x, whole_rows: false, octets: false }
+}
+
+const fn octets(rows: u32) -> Variant {
+    Variant { octets: true, ..v(rows, false, false, false) }
 }
 
 const fn whole(rows: u32) -> Variant {
-    Variant { rows, magic: false, narrow: false, scalar_x: false, whole_rows: true }
+    Variant { rows, magic: false, narrow: false, scalar_x: false, whole_rows: true, octets: false }
 }
 
 impl Variant {
-    pub const ALL: [Variant; 10] = [
+    pub const ALL: [Variant; 12] = [
         v(1, false, false, false),
         v(2, false, false, false),
         v(4, false, false, false),
@@ -40,13 +47,18 @@ impl Variant {
         v(4, true, false, false),
         v(2, false, true, false),
         v(4, false, true, false),
+        octets(1),
+        octets(2),
         v(4, false, false, true),
         whole(1),
     ];
 
-    /// The variant [`matvec`], [`batched`] and [`experts`] use for a matrix: the fastest measured on the H200 and
-    /// H100 (bench-kernels --variants all): 4 rows a lane group, one block at a time, only for a head-sized
-    /// matrix; a KDA layer's stacked projections (20,512 rows) ran 20 % faster with one row a group.
+    /// The variant [`matvec`], [`batched`] and [`experts`] use for a matrix: the fastest measured on the H100
+    /// (bench-kernels --variants all): Q6_K blocks by 8 lanes, 2 rows a lane group only for a head-sized matrix
+    /// (the head: 156 µs against 177 for 4 rows a group of 16 lanes a block, one block at a time, the best
+    /// before; 68–69 % of the read rate against 60 %); one row a group for the rest (a KDA layer's stacked
+    /// projections, 20,512 rows, ran 20 % faster than with 4; the experts' Q6_K down products by 8 lanes a block
+    /// took 16 µs against 17–18 by 16). `octets` changes nothing for the other types.
     /// On a CPU adapter (SwiftShader, lavapipe) every matrix takes whole rows: there a kernel without barriers
     /// runs its invocations straight through, and the tiny model's decode step took SwiftShader about a third
     /// of the time (0.8 s → 0.22–0.28 s, native bench on Chromium's SwiftShader).
@@ -61,16 +73,17 @@ impl Variant {
     }
 
     /// The variants [`Variant::for_matrix`] picks from (the others are `lingtab bench-kernels` options).
-    pub const ENGINE: [Variant; 3] = [v(1, false, false, false), v(4, false, true, false), whole(1)];
+    pub const ENGINE: [Variant; 3] = [octets(1), octets(2), whole(1)];
 
     pub fn name(self) -> String {
         format!(
-            "r{}{}{}{}{}",
+            "r{}{}{}{}{}{}",
             self.rows,
             if self.magic { "m" } else { "i" },
             if self.narrow { "n" } else { "" },
             if self.scalar_x { "s" } else { "" },
-            if self.whole_rows { "w" } else { "" }
+            if self.whole_rows { "w" } else { "" },
+            if self.octets { "8" } else { "" }
         )
     }
 
@@ -130,6 +143,9 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
     swap("const ROWS: u32 = 2u;", &format!("const ROWS: u32 = {}u;", v.rows));
     swap("const MAGIC: bool = true;", &format!("const MAGIC: bool = {};", v.magic));
     swap("const TY: u32 = 12u;", &format!("const TY: u32 = {}u;", ty.id()));
+    if v.octets && !v.whole_rows {
+        swap("const Q6K_LANES: u32 = 16u;", "const Q6K_LANES: u32 = 8u;");
+    }
     if subgroup > 1 {
         swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
         swap(SUBGROUP_SUM[1], SUBGROUP_SUM[2]);
@@ -206,10 +222,11 @@ const LANES_SUM: [&str; 2] = ["    // lanes sum:", "    // lanes sum end\n"];
 /// variants' (one invocation through every part of every block). The lanes' loop kept apart: with a loop over
 /// parts for both, the head's product took 216 µs instead of 182 on the H100.
 const BLOCK_LOOP: [&str; 2] = [
-    "let t = lane % 16u;
-            let side = max(p.lanes / 16u, 1u); // never 0: every loop must end (kernel.rs)
+    "let per_block = select(16u, Q6K_LANES, TY == 14u);
+            let t = lane % per_block;
+            let side = max(p.lanes / per_block, 1u); // never 0: every loop must end (kernel.rs)
             let block_bytes = select(144u, 210u, TY == 14u);
-            for (var blk = lane / 16u; blk < p.cols / 256u; blk += side) {",
+            for (var blk = lane / per_block; blk < p.cols / 256u; blk += side) {",
     "let block_bytes = select(144u, 210u, TY == 14u);
             for (var part = 0u; part < 16u * (p.cols / 256u); part++) {
                 let blk = part / 16u;
@@ -305,8 +322,8 @@ const SUBGROUP_SUM: [&str; 3] = [
 
 /// The kernel of a variant on this GPU.
 fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool, ty: GgmlType) -> std::rc::Rc<super::Kernel> {
-    // the narrow variants (the head's) reduce through workgroup memory: with subgroup shuffles the head ran 30 %
-    // slower on the H100 (221 → 305 µs, two runs of bench-kernels) and 3 % faster on the H200
+    // the narrow variants reduce through workgroup memory: with subgroup shuffles the head ran 30 % slower on the
+    // H100 (221 → 305 µs, two runs of bench-kernels) and 3 % faster on the H200
     let subgroup = if v.narrow { 1 } else { gpu.subgroup_lanes().unwrap_or(1) };
     let name = if experts { "matvec_experts" } else { "matvec" };
     // (the label is the kernel's key in the GPU's cache: it names everything the source depends on)
@@ -582,8 +599,9 @@ fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Mat
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, batches));
 }
 
-/// Invocations per row: for Q4_K and Q6_K 16 per block, two blocks side by side when the row has an even
-/// number of them or at least 4 (so the lanes finish together); otherwise one per 32-value sub-block (4..32).
+/// Invocations per row: for Q4_K and Q6_K 16 per block (8 per Q6_K block with `octets`), two blocks side by side
+/// when the row has an even number of them or at least 4 (so the lanes finish together); otherwise one per
+/// 32-value sub-block (4..32).
 fn lanes(m: Matrix, v: Variant) -> u32 {
     if v.whole_rows {
         return 1;
@@ -591,7 +609,8 @@ fn lanes(m: Matrix, v: Variant) -> u32 {
     match m.ty {
         GgmlType::Q4_K | GgmlType::Q6_K => {
             let blocks = m.cols / 256;
-            if !v.narrow && (blocks >= 4 || blocks == 2) { 32 } else { 16 }
+            let per_block = if v.octets && m.ty == GgmlType::Q6_K { 8 } else { 16 };
+            if !v.narrow && (blocks >= 4 || blocks == 2) { 2 * per_block } else { per_block }
         }
         _ => (m.cols / 32).next_power_of_two().clamp(4, 32),
     }

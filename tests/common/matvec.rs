@@ -36,7 +36,7 @@ pub async fn matvec_every_type_matches_reference(gpu: &Gpu, variants: &[Variant]
     let mut rng = Rand::new(seed);
     // Q4_K/Q6_K with 1, 2, 3, 5 and 18 blocks a row (one or two blocks side by side; with 5, the two sides'
     // lanes walk 3 and 2 blocks); 37 rows leave every variant a part-filled last workgroup
-    let shapes = [(GgmlType::Q4_K, 512), (GgmlType::Q4_K, 768), (GgmlType::Q6_K, 768), (GgmlType::Q6_K, 256), (GgmlType::Q6_K, 512), (GgmlType::Q6_K, 1280), (GgmlType::Q4_K, 4608), (GgmlType::Q5_0, 96), (GgmlType::Q8_0, 160), (GgmlType::F32, 2112), (GgmlType::F16, 64)];
+    let shapes = [(GgmlType::Q4_K, 512), (GgmlType::Q4_K, 768), (GgmlType::Q6_K, 768), (GgmlType::Q6_K, 256), (GgmlType::Q6_K, 512), (GgmlType::Q6_K, 1280), (GgmlType::Q6_K, 2560), (GgmlType::Q4_K, 4608), (GgmlType::Q5_0, 96), (GgmlType::Q8_0, 160), (GgmlType::F32, 2112), (GgmlType::F16, 64)];
     for (v, (ty, cols)) in variants.iter().flat_map(|&v| shapes.into_iter().map(move |s| (v, s))) {
         let rows = 37;
         let (bytes, w) = random_matrix(ty, rows, cols, &mut rng);
