@@ -3,7 +3,7 @@
 // block, or 8 per Q6_K block (Q6K_LANES), one or two blocks side by side; 4..32 for the other types: one per
 // 32-value sub-block);
 // each lane group computes ROWS neighbouring rows at once, so every x value it loads serves ROWS rows and each
-// lane has ROWS rows' loads in flight. Lanes walk their row in whole blocks, the 16 lanes of a block reading
+// lane has ROWS rows' loads in flight. Lanes walk their row in whole blocks, the lanes of a block reading
 // neighbouring words; one reduction through workgroup memory at the end. workgroup_id.z selects a matrix:
 //   matvec          batch b: weights at w_offset + b·w_stride, x at x_offset + b·x_stride, y at y_offset + b·y_stride
 //                   (per-head MLA products, or a single product with one batch)
