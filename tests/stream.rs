@@ -189,14 +189,14 @@ fn a_context_or_pool_too_large_is_refused_before_anything_is_read_or_allocated()
     // longest context that fits is named, and loads
     let binding = 1u64 << 20;
     let small = || pollster::block_on(Gpu::with_limits(|l| l.max_storage_buffer_binding_size = binding as _)).unwrap();
-    // (a cache holds whole 32-row steps)
+    // (a cache holds whole 32-row steps, and 1/16 more: mla::cache_rows)
     let per_token = ((c.kv_lora_rank + c.rope_dim) * 4) as u64;
-    let fits = (binding / per_token) as usize / 32 * 32;
+    let fits = lingtab::gpu::mla::longest_context(per_token, binding);
     assert!(fits < c.context_length, "the fixture's context is too short for this check");
     let (err, read) = try_on(small(), EngineOptions { n_ctx: Some(fits + 1), ..Default::default() });
     let err = err.expect("a context whose cache exceeds the binding limit");
     eprintln!("{err}");
-    assert!(err.contains(&format!("a context of {} tokens needs an MLA cache of {} bytes", fits + 1, (fits as u64 + 32) * per_token)) && err.contains(&format!("at most {fits} tokens")), "{err}");
+    assert!(err.contains(&format!("a context of {} tokens needs an MLA cache of {} bytes", fits + 1, lingtab::gpu::mla::cache_rows(fits + 1) as u64 * per_token)) && err.contains(&format!("at most {fits} tokens")), "{err}");
     assert_eq!(read, 0, "refused after reading {read} bytes");
     let (err, _) = try_on(small(), EngineOptions { n_ctx: Some(fits), ..Default::default() });
     assert!(err.is_none(), "the context it names loads: {err:?}");

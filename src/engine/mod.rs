@@ -174,9 +174,8 @@ impl Plan {
         // an MLA cache is one buffer, bound whole (not split like the weights): the device's own limit
         let cache_limit = limits.max_storage_buffer_binding_size;
         if largest_cache > cache_limit {
-            // a cache holds whole 32-row steps (mla::cache_rows)
             let per_row = ((config.kv_lora_rank + config.rope_dim) * 4) as u64;
-            let most = cache_limit / per_row / 32 * 32;
+            let most = crate::gpu::mla::longest_context(per_row, cache_limit);
             return Err(format!(
                 "a context of {n_ctx} tokens needs an MLA cache of {largest_cache} bytes per MLA layer, above the {cache_limit} bytes a buffer binding may hold on this GPU (maxStorageBufferBindingSize): use a context of at most {most} tokens"
             ));
