@@ -190,12 +190,15 @@ fn store_step_state(i: u32, value: f32) {
 }
 
 // Step 1 for channel c of q|k|v: the channel's last K−1 inputs (oldest first), loaded before any store (see
-// the delta rule below), then the output, with the state moved on by the input.
+// the delta rule below), then the output, with the state moved on by the input. Loads here are unconditional,
+// their indices clamped (a value past K−1 is loaded and never used): a load behind a branch is issued only once
+// the branch is taken, so a loop of guarded loads waits a memory latency per load.
 fn conv_past(c: u32) -> array<f32, MAX_CONV> {
     let past_len = step_params.kernel_size - 1u;
+    let last = 3u * step_params.n_head * step_params.head_dim * past_len - 1u;
     var past: array<f32, MAX_CONV>;
     for (var i = 0u; i < MAX_CONV; i++) {
-        if (i < past_len) { past[i] = step_conv[past_len * c + i]; }
+        past[i] = step_conv[min(past_len * c + min(i, past_len - 1u), last)];
     }
     return past;
 }
@@ -205,16 +208,34 @@ fn step_conv_channel(c: u32, past: array<f32, MAX_CONV>) -> f32 {
     let state_base = past_len * c;
     let w_base = step_params.kernel_size * c;
     let x = step_in[c];
+    let tap_x = step_consts[w_base + past_len];
+    var taps: array<f32, MAX_CONV>;
+    for (var i = 0u; i < MAX_CONV; i++) {
+        taps[i] = step_consts[w_base + min(i, past_len - 1u)];
+    }
     var acc = 0.0;
     for (var i = 0u; i < MAX_CONV; i++) {
-        if (i < past_len) { acc += step_consts[w_base + i] * past[i]; }
+        if (i < past_len) { acc += taps[i] * past[i]; }
     }
-    acc += step_consts[w_base + past_len] * x;
+    acc += tap_x * x;
     for (var i = 1u; i < MAX_CONV; i++) {
         if (i < past_len) { store_step_conv(state_base + i - 1u, past[i]); }
     }
     store_step_conv(state_base + past_len - 1u, x);
     return acc / (1.0 + exp(-acc));
+}
+
+// A lane's share of the state's value column `column` (head_base + j): key indices lane, lane + DC_LANES, ..
+// Unconditional loads, the index clamped into the state (a lane past the head's end loads values it never uses),
+// so the DC_SPAN loads are in flight together: behind a branch apiece they were issued a latency apart.
+fn step_state_share(column: u32, lane: u32) -> array<f32, DC_SPAN> {
+    let d = step_params.head_dim;
+    let last = step_params.n_head * d * d - 1u;
+    var s: array<f32, DC_SPAN>;
+    for (var n = 0u; n < DC_SPAN; n++) {
+        s[n] = step_state[min(column * d + lane + n * DC_LANES, last)];
+    }
+    return s;
 }
 
 @compute @workgroup_size(256)
@@ -225,6 +246,10 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     let d = step_params.head_dim;
     let dim = step_params.n_head * d;
     let head_base = h * d;
+    // the delta rule's first value columns of the state, loaded first: their latency passes behind the conv
+    let lane = lid % DC_LANES;
+    let col = lid / DC_LANES;
+    var next_share = step_state_share(head_base + col, lane);
 
     // the conv of this head's channels, the decay e^g per key index (kda_gates' g), and β
     var q = 0.0;
@@ -255,19 +280,14 @@ fn kda_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg:
     // kda_delta_chunk's division of S: DC_LANES lanes per value column, lane l taking key indices l, l + DC_LANES,
     // .. (so a column's lanes read neighbouring words), DC_COLS columns at a time. A lane loads its whole share
     // before using any of it and stores it after: loads and stores of the same buffer interleaved in a loop would
-    // each wait for the one before (a latency apiece).
-    let lane = lid % DC_LANES;
-    let col = lid / DC_LANES;
+    // each wait for the one before (a latency apiece). The next columns' share is loaded before these are used.
     let inv_sqrt_d = 1.0 / sqrt(f32(d));
     for (var j0 = 0u; j0 < d; j0 += DC_COLS) {
         let j = j0 + col;
         let valid = j < d;
         let column = (head_base + j) * d;
-        var s: array<f32, DC_SPAN>;
-        for (var n = 0u; n < DC_SPAN; n++) {
-            let i = lane + n * DC_LANES;
-            if (valid && i < d) { s[n] = step_state[column + i]; }
-        }
+        var s = next_share;
+        if (j0 + DC_COLS < d) { next_share = step_state_share(head_base + j + DC_COLS, lane); }
         var u = 0.0;
         for (var n = 0u; n < DC_SPAN; n++) {
             let i = lane + n * DC_LANES;
@@ -462,6 +482,60 @@ var<workgroup> dc_stage: array<f32, DC_STAGE>;
 var<workgroup> dc_v: array<f32, DC_TOKENS * DC_COLS>;
 var<workgroup> dc_beta: array<f32, DC_TOKENS>;
 
+// A block's values as an invocation loads them, before they are staged: its shares (value lid + r·WORKGROUP) of
+// the block's q|k (count·2·head_dim ≤ 2/3 of DC_STAGE) and g (count·head_dim ≤ 1/3), one of its v and its β.
+// The loads are unconditional, their indices clamped into the block (a value past it is loaded and never
+// staged), so they are in flight together: the staging loop that loaded behind a bound apiece waited a memory
+// latency per value. The next block's are loaded before this block's tokens are stepped through, so their
+// latency passes behind that work.
+const DC_QK_SHARE: u32 = 8u;
+const DC_G_SHARE: u32 = 4u;
+struct DeltaBlock {
+    qk: array<f32, DC_QK_SHARE>,
+    g: array<f32, DC_G_SHARE>,
+    v: f32,
+    beta: f32,
+}
+
+// Block `count` (≥ 1) tokens from t0 of head h, for the workgroup of value columns from j0.
+fn load_delta_block(h: u32, j0: u32, t0: u32, count: u32, lid: u32) -> DeltaBlock {
+    let d = dc_params.head_dim;
+    let dim = dc_params.n_head * d;
+    let gb_row = dim + dc_params.n_head;
+    var b: DeltaBlock;
+    for (var r = 0u; r < DC_QK_SHARE; r++) {
+        let at = min(lid + r * WORKGROUP, count * 2u * d - 1u);
+        let t = t0 + at / (2u * d);
+        let within = at % (2u * d);
+        b.qk[r] = dc_qkv[t * 3u * dim + (within / d) * dim + h * d + within % d];
+    }
+    for (var r = 0u; r < DC_G_SHARE; r++) {
+        let at = min(lid + r * WORKGROUP, count * d - 1u);
+        b.g[r] = dc_gb[(t0 + at / d) * gb_row + h * d + at % d];
+    }
+    let v_at = min(lid, count * DC_COLS - 1u);
+    let jj = min(j0 + v_at % DC_COLS, d - 1u);
+    b.v = dc_qkv[(t0 + v_at / DC_COLS) * 3u * dim + 2u * dim + h * d + jj];
+    b.beta = dc_gb[(t0 + min(lid, count - 1u)) * gb_row + dim + h];
+    return b;
+}
+
+// The block into workgroup memory: per token q̂ | k̂ | e^g, then v and β (every invocation calls it).
+fn stage_delta_block(b: DeltaBlock, count: u32, lid: u32) {
+    let d = dc_params.head_dim;
+    let per_token = 3u * d;
+    for (var r = 0u; r < DC_QK_SHARE; r++) {
+        let at = lid + r * WORKGROUP;
+        if (at < count * 2u * d) { dc_stage[(at / (2u * d)) * per_token + at % (2u * d)] = b.qk[r]; }
+    }
+    for (var r = 0u; r < DC_G_SHARE; r++) {
+        let at = lid + r * WORKGROUP;
+        if (at < count * d) { dc_stage[(at / d) * per_token + 2u * d + at % d] = exp(b.g[r]); }
+    }
+    if (lid < count * DC_COLS) { dc_v[lid] = b.v; }
+    if (lid < count) { dc_beta[lid] = b.beta; }
+}
+
 @compute @workgroup_size(256)
 fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let p = dc_params;
@@ -474,35 +548,26 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let j = wg.x * DC_COLS + col;
     let valid = j < d;
     let column = (h * d + j) * d;
+    // the lane's share of the state, loaded unconditionally (see DeltaBlock), the index clamped into the state
+    let state_last = dim * d - 1u;
     var s: array<f32, DC_SPAN>;
     for (var n = 0u; n < DC_SPAN; n++) {
-        let i = lane + n * DC_LANES;
-        if (valid && i < d) { s[n] = dc_state[column + i]; }
+        s[n] = dc_state[min(column + lane + n * DC_LANES, state_last)];
     }
     let inv_sqrt_d = 1.0 / sqrt(f32(d));
     let per_token = 3u * d;
     let block = max(min(DC_STAGE / per_token, DC_TOKENS), 1u);
+    let j0 = wg.x * DC_COLS;
+    var loaded: DeltaBlock;
+    if (p.tokens > 0u) { loaded = load_delta_block(h, j0, 0u, min(block, p.tokens), lid); }
     for (var t0 = 0u; t0 < p.tokens; t0 += block) {
         let count = min(block, p.tokens - t0);
         // every read of the block before is done (with subgroup sums, no barrier per token orders them)
         workgroupBarrier();
-        for (var at = lid; at < count * per_token; at += WORKGROUP) {
-            let t = t0 + at / per_token;
-            let which = (at % per_token) / d;
-            let i = at % d;
-            if (which < 2u) {
-                dc_stage[at] = dc_qkv[t * 3u * dim + which * dim + h * d + i];
-            } else {
-                dc_stage[at] = exp(dc_gb[t * (dim + p.n_head) + h * d + i]);
-            }
-        }
-        for (var at = lid; at < count * DC_COLS; at += WORKGROUP) {
-            let t = t0 + at / DC_COLS;
-            let jj = wg.x * DC_COLS + at % DC_COLS;
-            if (jj < d) { dc_v[at] = dc_qkv[t * 3u * dim + 2u * dim + h * d + jj]; }
-        }
-        if (lid < count) { dc_beta[lid] = dc_gb[(t0 + lid) * (dim + p.n_head) + dim + h]; }
+        stage_delta_block(loaded, count, lid);
         workgroupBarrier();
+        let t1 = t0 + block;
+        if (t1 < p.tokens) { loaded = load_delta_block(h, j0, t1, min(block, p.tokens - t1), lid); }
         for (var tt = 0u; tt < count; tt++) {
             let q_at = tt * per_token;
             let k_at = q_at + d;

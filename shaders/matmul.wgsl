@@ -703,7 +703,7 @@ fn matmul_experts_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invo
 // weights a step, their scales once, and applies them to every pair straight from registers. Each of a row's 4
 // invocations (j = 0..3) holds, within each 32-column sub-block of the step, columns 4j .. 4j+3 and 16+4j ..
 // 16+4j+3; it reads its row's words itself, a step early. The 4 add their sums at the end. The pairs' inputs are
-// staged in workgroup memory, 8 columns per invocation.
+// staged in workgroup memory, 8 columns per invocation, in two buffers taken in turn (block_x: one barrier a step).
 
 const BLOCK_ROWS: u32 = 64u;
 const BLOCK_PAIRS: u32 = 16u;
@@ -778,14 +778,27 @@ fn decode_block(prm: Params, f: FetchedBlock, row: u32, j: u32, col: u32, s: u32
     return w;
 }
 
-// The 8 weights of sub-block s times pair `pair`'s inputs in x_tile ([pair][column of the step / 4]).
-fn block_dot(w: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32) -> f32 {
-    let at = pair * 32u + 8u * s + j;
-    return dot(w[0], x_tile[at]) + dot(w[1], x_tile[at + 4u]);
+// The block tiles' workgroup memory: the pairs' inputs in two buffers of [pair][column of the step / 4] (at 0
+// and BLOCK_BUFFER), a step staged into one while the step before may still be read from the other, so a step
+// needs one barrier, not two; once the steps are done, the rows' sums (row_sums).
+const BLOCK_BUFFER: u32 = 512u;
+var<workgroup> block_x: array<vec4<f32>, 1024>;
+
+// The 8 weights of sub-block s times pair `pair`'s inputs in buffer `buf` of block_x.
+fn block_dot(w: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32, buf: u32) -> f32 {
+    let at = buf + pair * 32u + 8u * s + j;
+    return dot(w[0], block_x[at]) + dot(w[1], block_x[at + 4u]);
 }
 
-fn block_quad(w: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32) -> vec4<f32> {
-    return vec4<f32>(block_dot(w, pair, s, j), block_dot(w, pair + 1u, s, j), block_dot(w, pair + 2u, s, j), block_dot(w, pair + 3u, s, j));
+fn block_quad(w: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32, buf: u32) -> vec4<f32> {
+    return vec4<f32>(block_dot(w, pair, s, j, buf), block_dot(w, pair + 1u, s, j, buf), block_dot(w, pair + 2u, s, j, buf), block_dot(w, pair + 3u, s, j, buf));
+}
+
+// An invocation's 8 inputs of the step into buffer `buf` of block_x. Every invocation calls it, then the barrier:
+// the buffer was last read two steps ago, and every invocation has passed the barrier after that.
+fn stage_block_inputs(v: array<vec4<f32>, 2>, load_pair: u32, part: u32, buf: u32) {
+    block_x[buf + load_pair * 32u + part / 4u] = v[0];
+    block_x[buf + load_pair * 32u + part / 4u + 1u] = v[1];
 }
 
 // The 8 inputs an invocation stages for a step: columns col .. col+7 of its pair's x (zeros past the row, or
@@ -801,19 +814,19 @@ fn block_step_inputs(prm: Params, x_base: u32, loads: bool, col: u32) -> array<v
 }
 
 // The sums of row r's 4 invocations for pairs 4j .. 4j+3 (invocation j of the row finishes those), added through
-// both tiles' 16 KiB in one round. (Through x_tile alone, in two rounds, the block kernel needed 8 KiB and ran
-// 1.6× slower on the H100, a 512-token prompt at 4,442 tok/s against 7,218: probably because more of its
-// workgroups then share an SM, and the L1 that serves a row's 4 invocations holds less of each.) Every
-// invocation calls it, once the steps are done.
+// block_x's 16 KiB in one round. (Through 8 KiB, in two rounds, the block kernel ran 1.6× slower on the H100, a
+// 512-token prompt at 4,442 tok/s against 7,218: probably because more of its workgroups then share an SM, and
+// the L1 that serves a row's 4 invocations holds less of each.) Every invocation calls it, once every invocation
+// is done with the inputs (a barrier).
 fn row_sums(acc: array<vec4<f32>, 4>, r: u32, j: u32) -> vec4<f32> {
     let mine = 4u * (j * BLOCK_ROWS + r);
-    set_partial(mine, acc[0]);
-    set_partial(mine + 1u, acc[1]);
-    set_partial(mine + 2u, acc[2]);
-    set_partial(mine + 3u, acc[3]);
+    block_x[mine] = acc[0];
+    block_x[mine + 1u] = acc[1];
+    block_x[mine + 2u] = acc[2];
+    block_x[mine + 3u] = acc[3];
     workgroupBarrier();
-    var total = partial(4u * r + j);
-    for (var jj = 1u; jj < 4u; jj++) { total += partial(4u * (jj * BLOCK_ROWS + r) + j); }
+    var total = block_x[4u * r + j];
+    for (var jj = 1u; jj < 4u; jj++) { total += block_x[4u * (jj * BLOCK_ROWS + r) + j]; }
     return total;
 }
 
@@ -845,9 +858,9 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
     var next_w: FetchedBlock;
     if (row_ok) { next_w = fetch_block(TY, row_at, j, 0u); }
     var next_x = block_step_inputs(prm, x_base, loads, part);
+    var buf = 0u;
     for (var k0 = 0u; k0 < prm.cols; k0 += BLOCK_STEP) {
-        x_tile[load_pair * 32u + part / 4u] = next_x[0];
-        x_tile[load_pair * 32u + part / 4u + 1u] = next_x[1];
+        stage_block_inputs(next_x, load_pair, part, buf);
         let fetched = next_w;
         workgroupBarrier();
         let k1 = k0 + BLOCK_STEP;
@@ -859,14 +872,15 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
             for (var s = 0u; s < 4u; s++) {
                 let w = decode_block(prm, fetched, row_at, j, k0, s);
                 // constant indices into acc only (a runtime index would put it in memory instead of registers)
-                acc[0] += block_quad(w, 0u, s, j);
-                if (count > 4u) { acc[1] += block_quad(w, 4u, s, j); }
-                if (count > 8u) { acc[2] += block_quad(w, 8u, s, j); }
-                if (count > 12u) { acc[3] += block_quad(w, 12u, s, j); }
+                acc[0] += block_quad(w, 0u, s, j, buf);
+                if (count > 4u) { acc[1] += block_quad(w, 4u, s, j, buf); }
+                if (count > 8u) { acc[2] += block_quad(w, 8u, s, j, buf); }
+                if (count > 12u) { acc[3] += block_quad(w, 12u, s, j, buf); }
             }
         }
-        workgroupBarrier();
+        buf = BLOCK_BUFFER - buf;
     }
+    workgroupBarrier();
     let total = row_sums(acc, r, j);
     if (!row_ok) { return; }
     for (var e = 0u; e < 4u; e++) {
@@ -892,13 +906,14 @@ fn matmul_experts_blocks_near(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
 // tiles per product, for a second row's words and sums in registers.
 const TALL_ROWS: u32 = 128u;
 
-// The 8 weights of sub-block s of two rows times the inputs of pairs `pair` .. `pair` + 3, each input read once.
-fn tall_quads(a: array<vec4<f32>, 2>, b: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32) -> array<vec4<f32>, 2> {
+// The 8 weights of sub-block s of two rows times the inputs of pairs `pair` .. `pair` + 3 in buffer `buf`, each
+// input read once.
+fn tall_quads(a: array<vec4<f32>, 2>, b: array<vec4<f32>, 2>, pair: u32, s: u32, j: u32, buf: u32) -> array<vec4<f32>, 2> {
     var out: array<vec4<f32>, 2>;
     for (var n = 0u; n < 4u; n++) {
-        let at = (pair + n) * 32u + 8u * s + j;
-        let x0 = x_tile[at];
-        let x1 = x_tile[at + 4u];
+        let at = buf + (pair + n) * 32u + 8u * s + j;
+        let x0 = block_x[at];
+        let x1 = block_x[at + 4u];
         out[0][n] = dot(a[0], x0) + dot(a[1], x1);
         out[1][n] = dot(b[0], x0) + dot(b[1], x1);
     }
@@ -939,9 +954,9 @@ fn matmul_experts_blocks_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
     if (a_ok) { next_a = fetch_block(TY, at_a, j, 0u); }
     if (b_ok) { next_b = fetch_block(TY, at_b, j, 0u); }
     var next_x = block_step_inputs(prm, x_base, loads, part);
+    var buf = 0u;
     for (var k0 = 0u; k0 < prm.cols; k0 += BLOCK_STEP) {
-        x_tile[load_pair * 32u + part / 4u] = next_x[0];
-        x_tile[load_pair * 32u + part / 4u + 1u] = next_x[1];
+        stage_block_inputs(next_x, load_pair, part, buf);
         let fetched_a = next_a;
         let fetched_b = next_b;
         workgroupBarrier();
@@ -958,17 +973,18 @@ fn matmul_experts_blocks_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
                 var wb: array<vec4<f32>, 2>;
                 if (b_ok) { wb = decode_block(prm, fetched_b, at_b, j, k0, s); }
                 // constant indices into the sums only (a runtime index would put them in memory)
-                var q = tall_quads(wa, wb, 0u, s, j);
+                var q = tall_quads(wa, wb, 0u, s, j, buf);
                 acc_a[0] += q[0];
                 acc_b[0] += q[1];
-                if (count > 4u) { q = tall_quads(wa, wb, 4u, s, j); acc_a[1] += q[0]; acc_b[1] += q[1]; }
-                if (count > 8u) { q = tall_quads(wa, wb, 8u, s, j); acc_a[2] += q[0]; acc_b[2] += q[1]; }
-                if (count > 12u) { q = tall_quads(wa, wb, 12u, s, j); acc_a[3] += q[0]; acc_b[3] += q[1]; }
+                if (count > 4u) { q = tall_quads(wa, wb, 4u, s, j, buf); acc_a[1] += q[0]; acc_b[1] += q[1]; }
+                if (count > 8u) { q = tall_quads(wa, wb, 8u, s, j, buf); acc_a[2] += q[0]; acc_b[2] += q[1]; }
+                if (count > 12u) { q = tall_quads(wa, wb, 12u, s, j, buf); acc_a[3] += q[0]; acc_b[3] += q[1]; }
             }
         }
-        workgroupBarrier();
+        buf = BLOCK_BUFFER - buf;
     }
     // row a's sums, then (once every invocation has read them) row b's through the same memory
+    workgroupBarrier();
     let total_a = row_sums(acc_a, r, j);
     workgroupBarrier();
     let total_b = row_sums(acc_b, r, j);

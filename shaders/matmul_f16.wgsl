@@ -1,26 +1,29 @@
 // Big tiles multiplied in f16, for a device with `shader-f16`: matmul_big's tiling (128 rows × 128 tokens, 16
 // columns a step, 8 rows × 8 tokens an invocation), with the step's decoded weights and inputs held in workgroup
-// memory as f16 (half the bytes read per product) and multiplied in f16, two products an instruction. Each step's
-// 16 products of a (row, token) are summed in f16, then added into f32 sums, so the rounding of a sum is that of
-// 16 terms, not of a whole row: about 2^-11 relative per weight, input and step, finer than llama.cpp's 8-bit
-// activations (Q8_K) on its quantised path.
+// memory as f16 (half the bytes read per product, so two steps' tiles fit in matmul_big's 16 KiB: one barrier
+// a step) and multiplied in f16, two products an instruction. Each step's 16 products of a (row, token) are
+// summed in f16, then added into f32 sums, so the rounding of a sum is that of 16 terms, not of a whole row:
+// about 2^-11 relative per weight, input and step, finer than llama.cpp's 8-bit activations (Q8_K) on its
+// quantised path.
 // Appended to quant.wgsl and matmul.wgsl (its fetches, decoding and stores) behind `enable f16;` (matmul.rs).
 // Every write is bounds-checked (big_store). The tile's layout and stores are matmul_big's (big_tile, big_store_all).
 
-// [column k of the step][group of 4 rows or tokens], 32 groups: 4 KiB each
-var<workgroup> w_half: array<vec4<f16>, 512>;
-var<workgroup> x_half: array<vec4<f16>, 512>;
+// Two buffers of [column k of the step][group of 4 rows or tokens], 32 groups (4 KiB each): a step is staged
+// into one while the step before may still be read from the other, so a step needs one barrier, not two.
+const HALF_BUFFER: u32 = 512u;
+var<workgroup> w_half: array<vec4<f16>, 1024>;
+var<workgroup> x_half: array<vec4<f16>, 1024>;
 
-// A fetched step into the f16 tiles: 8 weights of tile row `slot` and 8 inputs of tile token `slot`, columns
-// part .. part+7 of the step (zeros where the row or token is not the tile's).
-fn stage_half(prm: Params, f: Fetched, row_ok: bool, row_at: u32, col: u32, part: u32, slot: u32) {
+// A fetched step into buffer `buf` (0 or HALF_BUFFER) of the f16 tiles: 8 weights of tile row `slot` and 8
+// inputs of tile token `slot`, columns part .. part+7 of the step (zeros where the row or token is not the tile's).
+fn stage_half(prm: Params, f: Fetched, row_ok: bool, row_at: u32, col: u32, part: u32, slot: u32, buf: u32) {
     let w = decode_fetched(prm, f, row_ok, row_at, col);
     for (var n = 0u; n < 8u; n++) {
-        w_half[(part + n) * 32u + slot / 4u][slot % 4u] = f16(w[n]);
+        w_half[buf + (part + n) * 32u + slot / 4u][slot % 4u] = f16(w[n]);
     }
     for (var n = 0u; n < 4u; n++) {
-        x_half[(part + n) * 32u + slot / 4u][slot % 4u] = f16(f.x0[n]);
-        x_half[(part + n + 4u) * 32u + slot / 4u][slot % 4u] = f16(f.x1[n]);
+        x_half[buf + (part + n) * 32u + slot / 4u][slot % 4u] = f16(f.x0[n]);
+        x_half[buf + (part + n + 4u) * 32u + slot / 4u][slot % 4u] = f16(f.x1[n]);
     }
 }
 
@@ -35,18 +38,20 @@ fn matmul_big_f16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let tg = tile.tg;
     var acc: array<vec4<f32>, 16>;
     var next = fetch_step(prm, tile.row_ok, tile.row_at, tile.loads, tile.x_base, tile.part);
+    var buf = 0u;
     for (var k0 = 0u; k0 < prm.cols; k0 += BIG_STEP) {
-        stage_half(prm, next, tile.row_ok, tile.row_at, k0 + tile.part, tile.part, tile.load_index);
+        // this buffer was last read two steps ago: every invocation has passed the barrier after that
+        stage_half(prm, next, tile.row_ok, tile.row_at, k0 + tile.part, tile.part, tile.load_index, buf);
         workgroupBarrier();
         if (k0 + BIG_STEP < prm.cols) { next = fetch_step(prm, tile.row_ok, tile.row_at, tile.loads, tile.x_base, k0 + BIG_STEP + tile.part); }
         if (tile.computes) {
             // constant indices only: a runtime index would put the sums in memory instead of registers
             var s: array<vec4<f16>, 16>;
             for (var k = 0u; k < BIG_STEP; k++) {
-                let w0 = w_half[k * 32u + rg];
-                let w1 = w_half[k * 32u + 16u + rg];
-                let x0 = x_half[k * 32u + tg];
-                let x1 = x_half[k * 32u + 16u + tg];
+                let w0 = w_half[buf + k * 32u + rg];
+                let w1 = w_half[buf + k * 32u + 16u + rg];
+                let x0 = x_half[buf + k * 32u + tg];
+                let x1 = x_half[buf + k * 32u + 16u + tg];
                 s[0] += w0 * x0.x;
                 s[1] += w0 * x0.y;
                 s[2] += w0 * x0.z;
@@ -81,7 +86,7 @@ fn matmul_big_f16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             acc[14] += vec4<f32>(s[14]);
             acc[15] += vec4<f32>(s[15]);
         }
-        workgroupBarrier();
+        buf = HALF_BUFFER - buf;
     }
     big_store_all(prm, tile, acc);
 }
