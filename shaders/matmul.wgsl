@@ -816,9 +816,11 @@ fn block_step_inputs(prm: Params, x_base: u32, loads: bool, col: u32) -> array<v
 // The sums of row r's 4 invocations for pairs 4j .. 4j+3 (invocation j of the row finishes those), added through
 // block_x's 16 KiB in one round. (Through 8 KiB, in two rounds, the block kernel ran 1.6× slower on the H100, a
 // 512-token prompt at 4,442 tok/s against 7,218: probably because more of its workgroups then share an SM, and
-// the L1 that serves a row's 4 invocations holds less of each.) Every invocation calls it, once every invocation
-// is done with the inputs (a barrier).
+// the L1 that serves a row's 4 invocations holds less of each.) Every invocation calls it, once the steps are
+// done; it first waits until every invocation is done reading block_x (the last step's inputs, or the sums of a
+// call before).
 fn row_sums(acc: array<vec4<f32>, 4>, r: u32, j: u32) -> vec4<f32> {
+    workgroupBarrier();
     let mine = 4u * (j * BLOCK_ROWS + r);
     block_x[mine] = acc[0];
     block_x[mine + 1u] = acc[1];
@@ -880,7 +882,6 @@ fn experts_blocks(wg: vec3<u32>, lid: u32, near: bool) {
         }
         buf = BLOCK_BUFFER - buf;
     }
-    workgroupBarrier();
     let total = row_sums(acc, r, j);
     if (!row_ok) { return; }
     for (var e = 0u; e < 4u; e++) {
@@ -983,10 +984,8 @@ fn matmul_experts_blocks_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
         }
         buf = BLOCK_BUFFER - buf;
     }
-    // row a's sums, then (once every invocation has read them) row b's through the same memory
-    workgroupBarrier();
+    // row a's sums, then row b's through the same memory
     let total_a = row_sums(acc_a, r, j);
-    workgroupBarrier();
     let total_b = row_sums(acc_b, r, j);
     for (var e = 0u; e < 4u; e++) {
         let n = 4u * j + e;
