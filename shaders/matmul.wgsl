@@ -744,7 +744,9 @@ fn fetch_block(ty: u32, row: u32, j: u32, col: u32) -> FetchedBlock {
 }
 
 // The invocation's 8 weights of sub-block s (0..3) of the step at `col`: columns 4j .. +3 in [0], 16+4j .. +3
-// in [1] (zeros past the row's end), in ggml's arithmetic.
+// in [1] (zeros past the row's end), in ggml's arithmetic. (Quants made f32 through 2^23's exponent bits, as
+// matvec.wgsl's MAGIC, left a 2048-token chunk's speed as it was on the H100: 11,201 / 11,280 tok/s against
+// 11,229 / 11,227, device run 22 of stop 38.)
 fn decode_block(prm: Params, f: FetchedBlock, row: u32, j: u32, col: u32, s: u32) -> array<vec4<f32>, 2> {
     var w: array<vec4<f32>, 2>;
     switch TY {
@@ -904,7 +906,10 @@ fn matmul_experts_blocks_near(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
 
 // Tall block tiles: 128 rows × up to 16 pairs, each invocation two rows (r and r + 64) at the same columns, so
 // every input read from workgroup memory serves both rows' weights: half the workgroup-memory reads of block
-// tiles per product, for a second row's words and sums in registers.
+// tiles per product, for a second row's words and sums in registers. They multiply in f32 on every device: in
+// f16 (the pairs' inputs staged as f16, each decoded weight converted, two products an instruction onto f16
+// sums of 16 terms), a 2048-token chunk ran at 9,300–9,500 tok/s against 11,170–11,300 on the H100 (device run
+// 23 of stop 38), the conversions of the weights each invocation decodes costing more than the products saved.
 const TALL_ROWS: u32 = 128u;
 
 // The 8 weights of sub-block s of two rows times the inputs of pairs `pair` .. `pair` + 3 in buffer `buf`, each

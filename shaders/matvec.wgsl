@@ -193,6 +193,8 @@ fn q4k_sums(xs: array<vec4<f32>, 4>) -> vec2<f32> {
     return vec2<f32>(dot(xs[0] + xs[1], vec4<f32>(1.0)), dot(xs[2] + xs[3], vec4<f32>(1.0)));
 }
 
+// (Loading two blocks' words before either block's arithmetic made a decode token slower on the H100: 1.447 ms
+// against 1.368, 8 layers at Flash's widths, device run 22 of stop 38.)
 fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, sums: vec2<f32>) -> f32 {
     let c = t / 4u;
     let w = block >> 2u;
