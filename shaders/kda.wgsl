@@ -545,7 +545,8 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let dim = p.n_head * d;
     let lane = lid % DC_LANES;
     let col = lid / DC_LANES;
-    let j = wg.x * DC_COLS + col;
+    let j0 = wg.x * DC_COLS;
+    let j = j0 + col;
     let valid = j < d;
     let column = (h * d + j) * d;
     // the lane's share of the state, loaded unconditionally (see DeltaBlock), the index clamped into the state
@@ -557,7 +558,6 @@ fn kda_delta_chunk(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let inv_sqrt_d = 1.0 / sqrt(f32(d));
     let per_token = 3u * d;
     let block = max(min(DC_STAGE / per_token, DC_TOKENS), 1u);
-    let j0 = wg.x * DC_COLS;
     var loaded: DeltaBlock;
     if (p.tokens > 0u) { loaded = load_delta_block(h, j0, 0u, min(block, p.tokens), lid); }
     for (var t0 = 0u; t0 < p.tokens; t0 += block) {

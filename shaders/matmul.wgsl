@@ -909,7 +909,8 @@ fn matmul_experts_blocks_near(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
 // tiles per product, for a second row's words and sums in registers. They multiply in f32 on every device: in
 // f16 (the pairs' inputs staged as f16, each decoded weight converted, two products an instruction onto f16
 // sums of 16 terms), a 2048-token chunk ran at 9,300–9,500 tok/s against 11,170–11,300 on the H100 (device run
-// 23 of stop 38), the conversions of the weights each invocation decodes costing more than the products saved.
+// 23 of stop 38): probably the conversions of the weights each invocation decodes, or its f16 sums passed
+// through functions as arrays, cost more than the products saved.
 const TALL_ROWS: u32 = 128u;
 
 // The 8 weights of sub-block s of two rows times the inputs of pairs `pair` .. `pair` + 3 in buffer `buf`, each
