@@ -910,7 +910,10 @@ fn matmul_experts_blocks_near(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
 // f16 (the pairs' inputs staged as f16, each decoded weight converted, two products an instruction onto f16
 // sums of 16 terms), a 2048-token chunk ran at 9,300–9,500 tok/s against 11,170–11,300 on the H100 (device run
 // 23 of stop 38): probably the conversions of the weights each invocation decodes, or its f16 sums passed
-// through functions as arrays, cost more than the products saved.
+// through functions as arrays, cost more than the products saved. With the pairs in the f16 vectors' lanes
+// instead (an input vector of 4 pairs times each weight, no sums passed to functions) it ran at 11,407 and 11,473
+// against 11,277 and 11,293 in f32 (run 25 of stop 39): no more than the f32 fused multiply-adds below gained
+// without f16's rounding.
 const TALL_ROWS: u32 = 128u;
 
 // The 8 weights of sub-block s of two rows times the inputs of pairs `pair` .. `pair` + 3 in buffer `buf`, added
