@@ -279,68 +279,12 @@ fn bad_input_gives_clear_errors() {
     assert_eq!(pollster::block_on(engine.step(5)).unwrap().len(), vocab as usize);
 }
 
-/// Logits equal to the bit (the largest difference in the message, not the vectors).
-fn same(got: &[f32], want: &[f32], what: &str) {
-    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert!(got.len() == want.len() && got == want, "{what}: logits differ (max |Δ| {worst:.3e})");
-}
-
-/// `next_greedy` submits the step for its pick before reading the pick back. Its picks are `step_argmax`'s, and
-/// whatever the caller does next (a feed that ends with the step run ahead or goes on past it, a step of another
-/// token, a feed of other tokens) gives exactly the logits of a second engine fed the same tokens one by one.
+/// `next_greedy` runs each step ahead of its pick's readback; whatever follows gives the logits of an engine fed
+/// the same tokens one by one (tests/common/forward.rs; the browser runs it too).
 #[test]
 fn a_step_run_ahead_is_taken_or_undone() {
-    let prompt = [2949u32, 3536, 786, 0, 571];
-    // token by token, so both engines run the same kernels and agree to the bit
+    // token by token, so the engines run the same kernels and agree to the bit
     let options = EngineOptions { prefill_chunk: Some(1), ..Default::default() };
-    let mut plain = engine(&options);
-    let mut ahead = engine(&options);
-    let greedy = |e: &mut Engine, run_ahead: bool, from: &[u32], n: usize| -> Vec<u32> {
-        let mut next = argmax(&pollster::block_on(e.feed(from)).unwrap());
-        let mut picks = vec![next];
-        for _ in 0..n {
-            next = if run_ahead { pollster::block_on(e.next_greedy(next)) } else { pollster::block_on(e.step_argmax(next)) }.unwrap();
-            picks.push(next);
-        }
-        picks
-    };
-    let picks = greedy(&mut plain, false, &prompt, 6);
-    assert_eq!(greedy(&mut ahead, true, &prompt, 6), picks, "the same picks as step_argmax");
-    let mut fresh = |tokens: &[u32]| {
-        plain.reset();
-        pollster::block_on(plain.feed(tokens)).unwrap()
-    };
-    // the states hold picks[..6] after the prompt, and picks[6] run ahead, not counted yet
-    let mut held: Vec<u32> = prompt.iter().chain(&picks[..6]).copied().collect();
-    assert_eq!(ahead.tokens(), &held[..]);
-
-    // a feed that ends with the step run ahead returns its logits
-    held.push(picks[6]);
-    same(&pollster::block_on(ahead.feed(&held)).unwrap(), &fresh(&held), "a feed ending with the step run ahead");
-    assert_eq!(ahead.tokens(), &held[..]);
-
-    // a step of another token than the one run ahead undoes it
-    let pick = pollster::block_on(ahead.next_greedy(argmax(&fresh(&held)))).unwrap();
-    held.push(argmax(&fresh(&held)));
-    let other = (pick + 1) % ahead.vocab_size() as u32;
-    held.push(other);
-    same(&pollster::block_on(ahead.step(other)).unwrap(), &fresh(&held), "a step of another token");
-
-    // a feed that goes on past the step run ahead keeps it
-    let pick = pollster::block_on(ahead.next_greedy(7)).unwrap();
-    held.extend([7, pick, 11, 12]);
-    same(&pollster::block_on(ahead.feed(&held)).unwrap(), &fresh(&held), "a feed past the step run ahead");
-
-    // a feed of other tokens starts over
-    pollster::block_on(ahead.next_greedy(3)).unwrap();
-    let elsewhere = [5u32, 6, 7];
-    same(&pollster::block_on(ahead.feed(&elsewhere)).unwrap(), &fresh(&elsewhere), "a feed of other tokens");
-
-    // nothing runs ahead past the context: its last position is stepped, the next is refused
-    let mut short = engine(&EngineOptions { n_ctx: Some(prompt.len() + 2), ..options });
-    let next = argmax(&pollster::block_on(short.feed(&prompt)).unwrap());
-    let next = pollster::block_on(short.next_greedy(next)).unwrap();
-    let last = pollster::block_on(short.next_greedy(next)).unwrap();
-    assert_eq!(short.position(), prompt.len() + 2);
-    assert!(pollster::block_on(short.next_greedy(last)).unwrap_err().contains("context is full"));
+    let short = EngineOptions { n_ctx: Some(forward::RUN_AHEAD_PROMPT.len() + 2), ..options.clone() };
+    pollster::block_on(forward::run_ahead_is_taken_or_undone(engine(&options), engine(&options), engine(&short)));
 }

@@ -1313,6 +1313,15 @@ mod store {
                 None => {
                     assert_eq!(row(&rows, "decode", 1.0, "syncsPerToken"), 1.0, "resident decode: one readback per token\n{table}");
                     assert_eq!(row(&rows, "prefill", 1.0, "mbReadPerToken"), 0.0);
+                    // the decode again with each step read back before the next is submitted, to compare
+                    let plain = js_sys::Object::new();
+                    for (k, v) in [("prompts", js_sys::Array::of1(&8.into()).into()), ("decode", JsValue::from(2)), ("chunks", js_sys::Array::of1(&8.into()).into()), ("runAhead", false.into())] {
+                        js_sys::Reflect::set(&plain, &k.into(), &v).unwrap();
+                    }
+                    let result = JsFuture::from(engine.bench(plain.into()).unwrap()).await.unwrap();
+                    let plain_rows = js_sys::Array::from(&get(&result, "rows"));
+                    assert_eq!(row(&plain_rows, "decode", 1.0, "syncsPerToken"), 1.0);
+                    log(&format!("browser decode: {:.1} ms a token run ahead, {:.1} without", row(&rows, "decode", 1.0, "msPerToken"), row(&plain_rows, "decode", 1.0, "msPerToken")));
                 }
                 Some(_) => {
                     assert!(row(&rows, "prefill", 8.0, "mbReadPerToken") < row(&rows, "prefill", 1.0, "mbReadPerToken"), "{table}");
@@ -1330,6 +1339,10 @@ mod store {
             js_sys::Reflect::set(&bad, &"f16".into(), &"yes".into()).unwrap();
             let err = message(engine.bench(bad.into()).err().expect("f16: \"yes\" is refused").into());
             assert!(err.contains("f16 must be true or false"), "{err}");
+            let bad = js_sys::Object::new();
+            js_sys::Reflect::set(&bad, &"runAhead".into(), &1.into()).unwrap();
+            let err = message(engine.bench(bad.into()).err().expect("runAhead: 1 is refused").into());
+            assert!(err.contains("runAhead must be true or false"), "{err}");
             assert!(engine.stats().is_ok());
             engine.dispose();
         }
@@ -1444,6 +1457,26 @@ async fn streamed_experts_give_the_resident_logits_in_browser() {
     let s = streamed.stats();
     log(&format!("browser streaming: pool of {} slots, hit rate {:.1}%, {} misses, {:.1} MB read", s.pool_slots, 100.0 * s.hit_rate(), s.misses, s.bytes_read as f64 / 1e6));
     assert_eq!(s.hits + s.misses, 5 * k * streamed.config.moe_layers().count() as u64);
+}
+
+/// Greedy steps run ahead of their picks' readback in the browser as natively: the same picks as stepping one at a
+/// time, and whatever follows (a feed through the step run ahead or past it, a step of another token, other
+/// tokens, the end of the context) gives the logits of an engine fed the same tokens one by one.
+#[wasm_bindgen_test]
+async fn a_step_run_ahead_is_taken_or_undone_in_browser() {
+    use lingtab::engine::{Engine, EngineOptions};
+    use lingtab::source::{open_model, HttpSource};
+    let first = format!("{}/fixtures/tiny-ling/tiny-ling-00001-of-00002.gguf", test_server());
+    let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
+    let parts = || -> Vec<HttpSource> { lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(HttpSource::new).collect() };
+    let options = EngineOptions { prefill_chunk: Some(1), ..Default::default() };
+    let short = EngineOptions { n_ctx: Some(common::forward::RUN_AHEAD_PROMPT.len() + 2), ..options.clone() };
+    let mut engines = Vec::new();
+    for o in [&options, &options, &short] {
+        engines.push(Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), o).await.unwrap());
+    }
+    let [plain, ahead, short] = <[Engine; 3]>::try_from(engines).ok().unwrap();
+    common::forward::run_ahead_is_taken_or_undone(plain, ahead, short).await;
 }
 
 /// The batched prefill in the browser: a prompt fed in chunks of 4 (experts resident, and streamed through a pool

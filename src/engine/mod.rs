@@ -98,8 +98,8 @@ pub struct Engine {
     max_binding: u64,
     /// A step [`Engine::next_greedy`] ran ahead: the states hold it after `tokens`.
     ahead: Option<Ahead>,
-    /// Whether [`Engine::next_greedy`] runs the next step ahead (`lingtab bench --no-run-ahead` compares; off in
-    /// the browser for now).
+    /// Whether [`Engine::next_greedy`] runs the next step ahead (`lingtab bench --no-run-ahead` and the browser
+    /// bench's `runAhead: false` compare).
     run_ahead: bool,
 }
 
@@ -216,10 +216,7 @@ impl Engine {
     fn assemble(gpu: Gpu, config: Config, weights: Weights, pool: ExpertPool, experts: Experts, dense: Dense, n_ctx: usize, policy: &str, expert_tensors: ExpertTensors, max_binding: u64) -> Engine {
         let stats = CacheStats::new(policy, pool.routed_slots, pool.slot_bytes, config.n_layer);
         let Dense { state, prefill } = dense;
-        // in the browser a test after one that generated with steps run ahead hung in its ingest (3 of 4 runs on
-        // SwiftShader, not yet understood), so the browser steps as before until that is
-        let run_ahead = !cfg!(target_arch = "wasm32");
-        Engine { gpu, config, weights, pool, experts, state, prefill, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding, ahead: None, run_ahead }
+        Engine { gpu, config, weights, pool, experts, state, prefill, tokens: Vec::new(), n_ctx, stats, expert_tensors, max_binding, ahead: None, run_ahead: true }
     }
 
     /// Uploads the dense weights and every expert (all resident) of `model`, whose parts are `parts`.
@@ -377,7 +374,7 @@ impl Engine {
         self.ahead = None;
     }
 
-    /// Whether [`Engine::next_greedy`] runs a step ahead (default: natively; false to compare).
+    /// Whether [`Engine::next_greedy`] runs a step ahead (default true; false to compare).
     pub fn set_run_ahead(&mut self, on: bool) {
         self.run_ahead = on;
     }

@@ -131,6 +131,9 @@ export interface BenchOptions {
   /** Big tiles (chunks of over 64 tokens) multiply in f16 where the adapter has `shader-f16` (default true);
    * false runs the f32 path, to compare. */
   f16?: boolean;
+  /** A greedy decode submits each step before its pick is read back (default true); false steps and reads each
+   * pick in turn, to compare. */
+  runAhead?: boolean;
 }
 
 export interface BenchRow {
@@ -389,11 +392,12 @@ fn parse_bench_options(options: &JsValue) -> Result<crate::engine::bench::BenchP
     Ok(crate::engine::bench::BenchPlan { prompts, decode, chunks, seed })
 }
 
-/// `BenchOptions.f16`: whether big tiles may multiply in f16 (default true).
-fn parse_bench_f16(options: &JsValue) -> Result<bool, JsError> {
-    match get(options, "f16") {
+/// A boolean of `BenchOptions` (`f16`: whether big tiles may multiply in f16; `runAhead`: whether decode steps run
+/// ahead of their picks' readback), default true.
+fn parse_bench_flag(options: &JsValue, name: &str) -> Result<bool, JsError> {
+    match get(options, name) {
         None => Ok(true),
-        Some(v) => v.as_bool().ok_or_else(|| js_error(format!("bench: f16 must be true or false, not {v:?}"))),
+        Some(v) => v.as_bool().ok_or_else(|| js_error(format!("bench: {name} must be true or false, not {v:?}"))),
     }
 }
 
@@ -602,7 +606,8 @@ impl Engine {
     pub fn bench(&self, #[wasm_bindgen(unchecked_param_type = "BenchOptions")] options: JsValue) -> Result<js_sys::Promise, JsError> {
         self.check_usable()?;
         let plan = parse_bench_options(&options)?;
-        let f16 = parse_bench_f16(&options)?;
+        let f16 = parse_bench_flag(&options, "f16")?;
+        let run_ahead = parse_bench_flag(&options, "runAhead")?;
         let mut session = self.session.borrow_mut().take().expect("checked above");
         let home = self.session.clone();
         let disposed = self.disposed.clone();
@@ -612,6 +617,7 @@ impl Engine {
             let mode = if engine.is_streaming() { format!("pool {}", engine.stats().pool_slots) } else { "resident".to_string() };
             let mut rows = Vec::new();
             engine.gpu.set_f16(f16);
+            engine.set_run_ahead(run_ahead);
             let measured = async {
                 let bandwidth = crate::engine::bench::read_bandwidth(&engine.gpu, 256 << 20, 10, 3).await?;
                 crate::engine::bench::run(engine, &mode, &plan, Some(bandwidth), &mut rows).await?;
@@ -619,6 +625,7 @@ impl Engine {
             }
             .await;
             engine.gpu.set_f16(true);
+            engine.set_run_ahead(true);
             let restored = engine.set_prefill(chunk, Some(span));
             session.reset();
             if !*disposed.borrow() {

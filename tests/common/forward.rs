@@ -122,3 +122,72 @@ pub async fn check_greedy(engine: &mut Engine, case: &Case, steps: usize) -> usi
     }
     compared
 }
+
+/// The prompt [`run_ahead_is_taken_or_undone`] feeds first (the third engine's context holds it and 2 more).
+pub const RUN_AHEAD_PROMPT: [u32; 5] = [2949, 3536, 786, 0, 571];
+
+/// `next_greedy` submits the step for its pick before reading the pick back. Its picks are `step_argmax`'s, and
+/// whatever the caller does next (a feed that ends with the step run ahead or goes on past it, a step of another
+/// token, a feed of other tokens) gives exactly the logits of a second engine fed the same tokens one by one.
+/// `plain` and `ahead` are engines of the same model and options (token by token, so they agree to the bit),
+/// `short` one whose context holds [`RUN_AHEAD_PROMPT`] and 2 more tokens.
+pub async fn run_ahead_is_taken_or_undone(mut plain: Engine, mut ahead: Engine, mut short: Engine) {
+    use lingtab::generate::sampler::argmax;
+    let prompt = RUN_AHEAD_PROMPT;
+    ahead.set_run_ahead(true);
+    short.set_run_ahead(true);
+    let mut picks = vec![argmax(&plain.feed(&prompt).await.unwrap())];
+    for _ in 0..6 {
+        picks.push(plain.step_argmax(*picks.last().unwrap()).await.unwrap());
+    }
+    let mut picked = vec![argmax(&ahead.feed(&prompt).await.unwrap())];
+    for _ in 0..6 {
+        picked.push(ahead.next_greedy(*picked.last().unwrap()).await.unwrap());
+    }
+    assert_eq!(picked, picks, "the same picks as step_argmax");
+    // the states hold picks[..6] after the prompt, and picks[6] run ahead, not counted yet
+    let mut held: Vec<u32> = prompt.iter().chain(&picks[..6]).copied().collect();
+    assert_eq!(ahead.tokens(), &held[..]);
+
+    // a feed that ends with the step run ahead returns its logits
+    held.push(picks[6]);
+    same(&ahead.feed(&held).await.unwrap(), &fresh(&mut plain, &held).await, "a feed ending with the step run ahead");
+    assert_eq!(ahead.tokens(), &held[..]);
+
+    // a step of another token than the one run ahead undoes it
+    let want_pick = argmax(&fresh(&mut plain, &held).await);
+    let pick = ahead.next_greedy(want_pick).await.unwrap();
+    held.push(want_pick);
+    let other = (pick + 1) % ahead.vocab_size() as u32;
+    held.push(other);
+    same(&ahead.step(other).await.unwrap(), &fresh(&mut plain, &held).await, "a step of another token");
+
+    // a feed that goes on past the step run ahead keeps it
+    let pick = ahead.next_greedy(7).await.unwrap();
+    held.extend([7, pick, 11, 12]);
+    same(&ahead.feed(&held).await.unwrap(), &fresh(&mut plain, &held).await, "a feed past the step run ahead");
+
+    // a feed of other tokens starts over
+    ahead.next_greedy(3).await.unwrap();
+    let elsewhere = [5u32, 6, 7];
+    same(&ahead.feed(&elsewhere).await.unwrap(), &fresh(&mut plain, &elsewhere).await, "a feed of other tokens");
+
+    // nothing runs ahead past the context: its last position is stepped, the next is refused
+    let next = argmax(&short.feed(&prompt).await.unwrap());
+    let next = short.next_greedy(next).await.unwrap();
+    let last = short.next_greedy(next).await.unwrap();
+    assert_eq!(short.position(), prompt.len() + 2);
+    assert!(short.next_greedy(last).await.unwrap_err().contains("context is full"));
+}
+
+/// The logits of `engine` fed `tokens` from an empty sequence.
+async fn fresh(engine: &mut Engine, tokens: &[u32]) -> Vec<f32> {
+    engine.reset();
+    engine.feed(tokens).await.unwrap()
+}
+
+/// Logits equal to the bit (the largest difference in the message, not the vectors).
+fn same(got: &[f32], want: &[f32], what: &str) {
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(got.len() == want.len() && got == want, "{what}: logits differ (max |Δ| {worst:.3e})");
+}
