@@ -1288,7 +1288,7 @@ mod store {
             lingtab::web::Engine::load(o.into())
         };
         let options = js_sys::Object::new();
-        // small: every token costs SwiftShader about 2 s, and each engine also runs the bench's warm-up
+        // small: every token costs SwiftShader about 0.15–0.2 s, and each engine also runs the bench's warm-up
         js_sys::Reflect::set(&options, &"prompts".into(), &js_sys::Array::of1(&8.into())).unwrap();
         js_sys::Reflect::set(&options, &"decode".into(), &2.into()).unwrap();
         js_sys::Reflect::set(&options, &"chunks".into(), &js_sys::Array::of2(&1.into(), &8.into())).unwrap();
