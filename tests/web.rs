@@ -1431,23 +1431,28 @@ mod store {
     }
 }
 
+/// An engine of the tiny fixture, its parts read over HTTP from the test server.
+async fn fixture_engine(options: &lingtab::engine::EngineOptions) -> lingtab::engine::Engine {
+    use lingtab::source::{open_model, HttpSource};
+    let first = format!("{}/fixtures/tiny-ling/tiny-ling-00001-of-00002.gguf", test_server());
+    let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
+    let parts = lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(HttpSource::new).collect();
+    lingtab::engine::Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts, options).await.unwrap()
+}
+
 /// Experts streamed over HTTP into a pool of one token's experts (split over several buffers by a small
 /// binding limit) give the all-resident engine's logits, bit for bit, in the browser.
 #[wasm_bindgen_test]
 async fn streamed_experts_give_the_resident_logits_in_browser() {
-    use lingtab::engine::{Engine, EngineOptions, Policy, Upload};
-    use lingtab::source::{open_model, HttpSource};
-    let first = format!("{}/fixtures/tiny-ling/tiny-ling-00001-of-00002.gguf", test_server());
-    let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
-    let parts = || -> Vec<HttpSource> { lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(HttpSource::new).collect() };
-    let mut resident = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &EngineOptions::default()).await.unwrap();
+    use lingtab::engine::{EngineOptions, Policy, Upload};
+    let mut resident = fixture_engine(&EngineOptions::default()).await;
     let slot = resident.stats().slot_bytes;
     let k = resident.config.n_expert_used as u64;
     // writeBuffer uploads, and the mapped staging ring (mapAsync in the browser)
     let options = EngineOptions { pool_bytes: Some(k * slot), max_binding: Some(256 << 10), policy: Some(Policy::Lru), ..Default::default() };
-    let mut streamed = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &options).await.unwrap();
+    let mut streamed = fixture_engine(&options).await;
     let staged_options = EngineOptions { pool_bytes: Some((k + 3) * slot), upload: Some(Upload::StagingRing), ..Default::default() };
-    let mut staged = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &staged_options).await.unwrap();
+    let mut staged = fixture_engine(&staged_options).await;
     assert!(streamed.is_streaming() && staged.is_streaming() && !resident.is_streaming());
     for t in [2949u32, 3536, 786, 0, 571] {
         let a = resident.step(t).await.unwrap();
@@ -1464,19 +1469,10 @@ async fn streamed_experts_give_the_resident_logits_in_browser() {
 /// tokens, the end of the context) gives the logits of an engine fed the same tokens one by one.
 #[wasm_bindgen_test]
 async fn a_step_run_ahead_is_taken_or_undone_in_browser() {
-    use lingtab::engine::{Engine, EngineOptions};
-    use lingtab::source::{open_model, HttpSource};
-    let first = format!("{}/fixtures/tiny-ling/tiny-ling-00001-of-00002.gguf", test_server());
-    let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
-    let parts = || -> Vec<HttpSource> { lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(HttpSource::new).collect() };
+    use lingtab::engine::EngineOptions;
     let options = EngineOptions { prefill_chunk: Some(1), ..Default::default() };
     let short = EngineOptions { n_ctx: Some(common::forward::RUN_AHEAD_PROMPT.len() + 2), ..options.clone() };
-    let mut engines = Vec::new();
-    for o in [&options, &options, &short] {
-        engines.push(Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), o).await.unwrap());
-    }
-    let [plain, ahead, short] = <[Engine; 3]>::try_from(engines).ok().unwrap();
-    common::forward::run_ahead_is_taken_or_undone(plain, ahead, short).await;
+    common::forward::run_ahead_is_taken_or_undone(fixture_engine(&options).await, fixture_engine(&options).await, fixture_engine(&short).await).await;
 }
 
 /// The batched prefill in the browser: a prompt fed in chunks of 4 (experts resident, and streamed through a pool
@@ -1485,14 +1481,10 @@ async fn a_step_run_ahead_is_taken_or_undone_in_browser() {
 #[wasm_bindgen_test]
 async fn chunked_prefill_gives_the_token_by_token_logits_in_browser() {
     use common::forward::{MAX_ABS, MAX_RMS};
-    use lingtab::engine::{Engine, EngineOptions};
-    use lingtab::source::{open_model, HttpSource};
-    let first = format!("{}/fixtures/tiny-ling/tiny-ling-00001-of-00002.gguf", test_server());
-    let model = open_model(&first, |url| Ok(HttpSource::new(url))).await.unwrap();
-    let parts = || -> Vec<HttpSource> { lingtab::gguf::split_part_names(&first).unwrap().into_iter().map(HttpSource::new).collect() };
+    use lingtab::engine::EngineOptions;
     let prompt = [2949u32, 3536, 786, 0, 571, 2730, 17, 900, 1500, 33];
     let token_options = EngineOptions { prefill_chunk: Some(1), ..Default::default() };
-    let mut tokens = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &token_options).await.unwrap();
+    let mut tokens = fixture_engine(&token_options).await;
     let want = tokens.feed(&prompt).await.unwrap();
     let next = want.iter().enumerate().fold(0, |best, (i, &v)| if v > want[best] { i } else { best }) as u32;
     let want_next = tokens.step(next).await.unwrap();
@@ -1502,7 +1494,7 @@ async fn chunked_prefill_gives_the_token_by_token_logits_in_browser() {
     let resident = EngineOptions { prefill_chunk: Some(4), ..Default::default() };
     let streamed = EngineOptions { pool_bytes: Some(k * slot), max_binding: Some(256 << 10), ..resident.clone() };
     for (what, options) in [("resident", resident), ("streamed", streamed)] {
-        let mut engine = Engine::open(Gpu::new().await.expect("WebGPU adapter"), &model, parts(), &options).await.unwrap();
+        let mut engine = fixture_engine(&options).await;
         assert_eq!(engine.prefill_chunk(), 4);
         let got = engine.feed(&prompt).await.unwrap();
         let got_next = engine.step(next).await.unwrap();
