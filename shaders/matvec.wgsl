@@ -193,35 +193,70 @@ fn q4k_sums(xs: array<vec4<f32>, 4>) -> vec2<f32> {
     return vec2<f32>(dot(xs[0] + xs[1], vec4<f32>(1.0)), dot(xs[2] + xs[3], vec4<f32>(1.0)));
 }
 
-// (Loading two blocks' words before either block's arithmetic made a decode token slower on the H100: 1.447 ms
-// against 1.368, 8 layers at Flash's widths, device run 22 of stop 38.)
-fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, sums: vec2<f32>) -> f32 {
-    let c = t / 4u;
-    let w = block >> 2u;
-    let dm = unpack2x16float(weights[w]);
-    // 6-bit scales and mins of sub-blocks 2c and 2c+1 (bytes k, k+1 of the 12 scale bytes' packing)
+// The 6-bit scales and mins of sub-blocks 2c and 2c+1 of the Q4_K block at word w (bytes k, k+1 of the 12
+// scale bytes' packing): (scale 2c, scale 2c+1, min 2c, min 2c+1).
+fn q4k_scales(w: u32, c: u32) -> vec4<u32> {
     let s0 = weights[w + 1u];
     let s1 = weights[w + 2u];
     let s2 = weights[w + 3u];
     let k = (c % 2u) * 16u;
     let low = vec2<u32>(s0 >> k, s1 >> k); // sub-blocks 0..3: 6 bits of bytes 4+j, 8+j
     let mixed = s2 >> k; // sub-blocks 4..7: 4 bits of byte 8+j, top 2 of bytes j, 4+j
-    var sc: vec2<u32>;
-    var mn: vec2<u32>;
     if (c < 2u) {
-        sc = vec2<u32>(low.x, low.x >> 8u) & vec2<u32>(63u);
-        mn = vec2<u32>(low.y, low.y >> 8u) & vec2<u32>(63u);
-    } else {
-        let m = vec2<u32>(mixed, mixed >> 8u);
-        sc = (m & vec2<u32>(15u)) | (((vec2<u32>(low.x, low.x >> 8u) >> vec2<u32>(6u)) & vec2<u32>(3u)) << vec2<u32>(4u));
-        mn = ((m >> vec2<u32>(4u)) & vec2<u32>(15u)) | (((vec2<u32>(low.y, low.y >> 8u) >> vec2<u32>(6u)) & vec2<u32>(3u)) << vec2<u32>(4u));
+        return vec4<u32>(low.x, low.x >> 8u, low.y, low.y >> 8u) & vec4<u32>(63u);
     }
+    let m = vec2<u32>(mixed, mixed >> 8u);
+    let sc = (m & vec2<u32>(15u)) | (((vec2<u32>(low.x, low.x >> 8u) >> vec2<u32>(6u)) & vec2<u32>(3u)) << vec2<u32>(4u));
+    let mn = ((m >> vec2<u32>(4u)) & vec2<u32>(15u)) | (((vec2<u32>(low.y, low.y >> 8u) >> vec2<u32>(6u)) & vec2<u32>(3u)) << vec2<u32>(4u));
+    return vec4<u32>(sc, mn);
+}
+
+// (Loading two blocks' words before either block's arithmetic made a decode token slower on the H100: 1.447 ms
+// against 1.368, 8 layers at Flash's widths, device run 22 of stop 38.)
+fn q4k_dot(block: u32, t: u32, xs: array<vec4<f32>, 4>, sums: vec2<f32>) -> f32 {
+    let c = t / 4u;
+    let w = block >> 2u;
+    let dm = unpack2x16float(weights[w]);
+    let scales = q4k_scales(w, c);
+    let sc = scales.xy;
+    let mn = scales.zw;
     let q = w + 4u + c * 8u + (t % 4u) * 2u;
     let a = weights[q];
     let b = weights[q + 1u];
     let lo = dot(bytes_f32(a & 0x0f0f0f0fu, 0.0), xs[0]) + dot(bytes_f32(b & 0x0f0f0f0fu, 0.0), xs[1]);
     let hi = dot(bytes_f32((a >> 4u) & 0x0f0f0f0fu, 0.0), xs[2]) + dot(bytes_f32((b >> 4u) & 0x0f0f0f0fu, 0.0), xs[3]);
     return dm.x * (f32(sc.x) * lo + f32(sc.y) * hi) - dm.y * dot(vec2<f32>(mn), sums);
+}
+
+// The Q4_K variants with 8 lanes a block (matvec.rs sets Q4K_LANES, as Q6K_LANES for Q6_K): lane t (0..8) takes
+// bytes 16·(t%2)..+16 of 64-value chunk t/2, four words: values 64·(t/2) + 16·(t%2).. from their low nibbles and
+// the 16 from 32 on from their high ones. A lane then has four words of quants in flight, not two, and the
+// block's scale words serve twice the values.
+const Q4K_LANES: u32 = 16u;
+
+fn q4k_x8(xb: u32, t: u32) -> array<vec4<f32>, 8> {
+    let i = xb + (t / 2u) * 64u + (t % 2u) * 16u;
+    return array<vec4<f32>, 8>(x4(i), x4(i + 4u), x4(i + 8u), x4(i + 12u), x4(i + 32u), x4(i + 36u), x4(i + 40u), x4(i + 44u));
+}
+
+fn q4k_sums8(xs: array<vec4<f32>, 8>) -> vec2<f32> {
+    let one = vec4<f32>(1.0);
+    return vec2<f32>(dot(xs[0] + xs[1] + xs[2] + xs[3], one), dot(xs[4] + xs[5] + xs[6] + xs[7], one));
+}
+
+fn q4k_dot8(block: u32, t: u32, xs: array<vec4<f32>, 8>, sums: vec2<f32>) -> f32 {
+    let c = t / 2u;
+    let w = block >> 2u;
+    let dm = unpack2x16float(weights[w]);
+    let scales = q4k_scales(w, c);
+    let q = w + 4u + c * 8u + (t % 2u) * 4u;
+    let a = vec4<u32>(weights[q], weights[q + 1u], weights[q + 2u], weights[q + 3u]);
+    let m4 = vec4<u32>(0x0f0f0f0fu);
+    let l = a & m4;
+    let h = (a >> vec4<u32>(4u)) & m4;
+    let lo = dot(bytes_f32(l.x, 0.0), xs[0]) + dot(bytes_f32(l.y, 0.0), xs[1]) + dot(bytes_f32(l.z, 0.0), xs[2]) + dot(bytes_f32(l.w, 0.0), xs[3]);
+    let hi = dot(bytes_f32(h.x, 0.0), xs[4]) + dot(bytes_f32(h.y, 0.0), xs[5]) + dot(bytes_f32(h.z, 0.0), xs[6]) + dot(bytes_f32(h.w, 0.0), xs[7]);
+    return dm.x * (f32(scales.x) * lo + f32(scales.y) * hi) - dm.y * dot(vec2<f32>(scales.zw), sums);
 }
 
 // Four f32 weights from word w on.
@@ -247,7 +282,7 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
     var acc: array<f32, ROWS>;
     switch TY {
         case 12u, 14u: {
-            let per_block = select(16u, Q6K_LANES, TY == 14u);
+            let per_block = select(Q4K_LANES, Q6K_LANES, TY == 14u);
             let t = lane % per_block;
             let side = max(p.lanes / per_block, 1u); // never 0: every loop must end (kernel.rs)
             let block_bytes = select(144u, 210u, TY == 14u);
@@ -261,6 +296,10 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
                     let xs = q6k_x(xb, t);
                     let bias = q6k_bias(xs);
                     for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot(rows[r] + blk * block_bytes, t, xs, bias); }
+                } else if (Q4K_LANES == 8u) {
+                    let xs = q4k_x8(xb, t);
+                    let sums = q4k_sums8(xs);
+                    for (var r = 0u; r < ROWS; r++) { acc[r] += q4k_dot8(rows[r] + blk * block_bytes, t, xs, sums); }
                 } else {
                     let xs = q4k_x(xb, t);
                     let sums = q4k_sums(xs);

@@ -14,7 +14,8 @@ const DENSE_MARKER: &str = "// ---- dense entry point";
 /// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4, each
 /// row by one invocation with no barrier (`whole_rows`, for CPU adapters) instead of a group of lanes, and Q6_K
 /// blocks by 8 lanes of 32 values instead of 16 of 16 (`octets`: a lane's scale and d words then serve twice the
-/// values).
+/// values), Q4_K blocks likewise (`q4k_octets`: 8 lanes of 32 values, four words of quants each, not two), and
+/// rows of 8 blocks or more four blocks side by side (`four_sides`: a lane then walks its row in fewer steps).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub rows: u32,
@@ -23,22 +24,29 @@ pub struct Variant {
     pub scalar_x: bool,
     pub whole_rows: bool,
     pub octets: bool,
+    pub q4k_octets: bool,
+    pub four_sides: bool,
 }
 
 const fn v(rows: u32, magic: bool, narrow: bool, scalar_x: bool) -> Variant {
-    Variant { rows, magic, narrow, scalar_x, whole_rows: false, octets: false }
+    Variant { rows, magic, narrow, scalar_x, whole_rows: false, octets: false, q4k_octets: false, four_sides: false }
 }
 
 const fn octets(rows: u32) -> Variant {
     Variant { octets: true, ..v(rows, false, false, false) }
 }
 
+/// Q6_K and Q4_K blocks both by 8 lanes, two or four blocks side by side.
+const fn all_octets(rows: u32, four_sides: bool) -> Variant {
+    Variant { q4k_octets: true, four_sides, ..octets(rows) }
+}
+
 const fn whole(rows: u32) -> Variant {
-    Variant { rows, magic: false, narrow: false, scalar_x: false, whole_rows: true, octets: false }
+    Variant { rows, magic: false, narrow: false, scalar_x: false, whole_rows: true, octets: false, q4k_octets: false, four_sides: false }
 }
 
 impl Variant {
-    pub const ALL: [Variant; 12] = [
+    pub const ALL: [Variant; 18] = [
         v(1, false, false, false),
         v(2, false, false, false),
         v(4, false, false, false),
@@ -49,6 +57,12 @@ impl Variant {
         v(4, false, true, false),
         octets(1),
         octets(2),
+        all_octets(1, false),
+        all_octets(2, false),
+        all_octets(1, true),
+        all_octets(2, true),
+        Variant { four_sides: true, ..octets(1) },
+        Variant { four_sides: true, ..octets(2) },
         v(4, false, false, true),
         whole(1),
     ];
@@ -64,12 +78,11 @@ impl Variant {
     /// of the time (0.8 s → 0.22–0.28 s, native bench on Chromium's SwiftShader).
     pub fn for_matrix(gpu: &Gpu, m: Matrix) -> Variant {
         if gpu.cpu_kernels() {
-            Self::ENGINE[2]
-        } else if m.rows >= 65536 {
-            Self::ENGINE[1]
-        } else {
-            Self::ENGINE[0]
+            return Self::ENGINE[2];
         }
+        let v = if m.rows >= 65536 { Self::ENGINE[1] } else { Self::ENGINE[0] };
+        let trial = ENGINE_TRIAL.load(std::sync::atomic::Ordering::Relaxed);
+        Variant { q4k_octets: v.q4k_octets || trial & 1 != 0, four_sides: v.four_sides || trial & 2 != 0, ..v }
     }
 
     /// The variants [`Variant::for_matrix`] picks from (the others are `lingtab bench-kernels` options).
@@ -77,13 +90,15 @@ impl Variant {
 
     pub fn name(self) -> String {
         format!(
-            "r{}{}{}{}{}{}",
+            "r{}{}{}{}{}{}{}{}",
             self.rows,
             if self.magic { "m" } else { "i" },
             if self.narrow { "n" } else { "" },
             if self.scalar_x { "s" } else { "" },
             if self.whole_rows { "w" } else { "" },
-            if self.octets { "8" } else { "" }
+            if self.octets { "8" } else { "" },
+            if self.q4k_octets { "q" } else { "" },
+            if self.four_sides { "x4" } else { "" }
         )
     }
 
@@ -96,6 +111,16 @@ impl Variant {
     pub fn parse(s: &str) -> Option<Variant> {
         Variant::ALL.into_iter().find(|v| v.name() == s)
     }
+}
+
+/// What the engine's products take beyond their variants on a GPU ([`set_engine_trial`]): bit 0 `q4k_octets`, bit
+/// 1 `four_sides`.
+static ENGINE_TRIAL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Q4_K blocks by 8 lanes and/or rows four blocks side by side in the engine's products on a GPU (`lingtab bench
+/// --q4k-octets --four-sides`, to compare with the variants [`Variant::for_matrix`] picks).
+pub fn set_engine_trial(q4k_octets: bool, four_sides: bool) {
+    ENGINE_TRIAL.store(q4k_octets as u32 | (four_sides as u32) << 1, std::sync::atomic::Ordering::Relaxed);
 }
 
 const X_SCALAR: [&str; 3] = [
@@ -145,6 +170,9 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
     swap("const TY: u32 = 12u;", &format!("const TY: u32 = {}u;", ty.id()));
     if v.octets && !v.whole_rows {
         swap("const Q6K_LANES: u32 = 16u;", "const Q6K_LANES: u32 = 8u;");
+    }
+    if v.q4k_octets && !v.whole_rows {
+        swap("const Q4K_LANES: u32 = 16u;", "const Q4K_LANES: u32 = 8u;");
     }
     if subgroup > 1 {
         swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
@@ -222,7 +250,7 @@ const LANES_SUM: [&str; 2] = ["    // lanes sum:", "    // lanes sum end\n"];
 /// variants' (one invocation through every part of every block). The lanes' loop kept apart: with a loop over
 /// parts for both, the head's product took 216 µs instead of 182 on the H100.
 const BLOCK_LOOP: [&str; 2] = [
-    "let per_block = select(16u, Q6K_LANES, TY == 14u);
+    "let per_block = select(Q4K_LANES, Q6K_LANES, TY == 14u);
             let t = lane % per_block;
             let side = max(p.lanes / per_block, 1u); // never 0: every loop must end (kernel.rs)
             let block_bytes = select(144u, 210u, TY == 14u);
@@ -599,9 +627,9 @@ fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Mat
     pass.dispatch_3d(gpu, &kernel, &[chunk.buffer, x, y, sel, slots], &params, (gx, gy, batches));
 }
 
-/// Invocations per row: for Q4_K and Q6_K 16 per block (8 per Q6_K block with `octets`), two blocks side by side
-/// when the row has an even number of them or at least 4 (so the lanes finish together); otherwise one per
-/// 32-value sub-block (4..32).
+/// Invocations per row: for Q4_K and Q6_K 16 per block (8 per Q6_K block with `octets`, per Q4_K block with
+/// `q4k_octets`), two blocks side by side when the row has an even number of them or at least 4 (so the lanes
+/// finish together), four with `four_sides` when it has at least 8; otherwise one per 32-value sub-block (4..32).
 fn lanes(m: Matrix, v: Variant) -> u32 {
     if v.whole_rows {
         return 1;
@@ -609,8 +637,21 @@ fn lanes(m: Matrix, v: Variant) -> u32 {
     match m.ty {
         GgmlType::Q4_K | GgmlType::Q6_K => {
             let blocks = m.cols / 256;
-            let per_block = if v.octets && m.ty == GgmlType::Q6_K { 8 } else { 16 };
-            if !v.narrow && (blocks >= 4 || blocks == 2) { 2 * per_block } else { per_block }
+            let per_block = match m.ty {
+                GgmlType::Q6_K if v.octets => 8,
+                GgmlType::Q4_K if v.q4k_octets => 8,
+                _ => 16,
+            };
+            let sides = if v.narrow {
+                1
+            } else if v.four_sides && blocks >= 8 {
+                4
+            } else if blocks >= 4 || blocks == 2 {
+                2
+            } else {
+                1
+            };
+            sides * per_block
         }
         _ => (m.cols / 32).next_power_of_two().clamp(4, 32),
     }
