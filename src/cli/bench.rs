@@ -186,7 +186,7 @@ pub struct BenchKernelsArgs {
     #[arg(long, default_value_t = 50)]
     pub reps: u32,
     /// Kernel variants to measure besides each matrix's default, comma-separated (r1i, r2i, r4i, r1m, r2m, r4m,
-    /// r2in, r4in, r1i8, r2i8, r1i8q, r2i8q, r1i8qx4, r2i8qx4, r1i8x4, r2i8x4, r4is: rows per lane group, integer or magic
+    /// r2in, r4in, r1i8, r2i8, r1i8q, r2i8q, r1i8qx4, r2i8qx4, r1i8x4, r2i8x4, r4i8, r4i8x4, r4is: rows per lane group, integer or magic
     /// conversion, n: one block at a time, 8: Q6_K blocks by 8 lanes, q: Q4_K blocks by 8 lanes too, x4: four
     /// blocks side by side, s: x read as f32), or "all"
     #[arg(long, default_value = "")]

@@ -46,7 +46,7 @@ const fn whole(rows: u32) -> Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 18] = [
+    pub const ALL: [Variant; 20] = [
         v(1, false, false, false),
         v(2, false, false, false),
         v(4, false, false, false),
@@ -63,6 +63,8 @@ impl Variant {
         all_octets(2, true),
         Variant { four_sides: true, ..octets(1) },
         Variant { four_sides: true, ..octets(2) },
+        octets(4),
+        Variant { four_sides: true, ..octets(4) },
         v(4, false, false, true),
         whole(1),
     ];
