@@ -152,19 +152,41 @@ fn q6k_bias8(xs: array<vec4<f32>, 8>) -> vec4<f32> {
     return vec4<f32>(dot(xs[0] + xs[1], one), dot(xs[2] + xs[3], one), dot(xs[4] + xs[5], one), dot(xs[6] + xs[7], one));
 }
 
-fn q6k_dot8(block: u32, t: u32, xs: array<vec4<f32>, 8>, bias: vec4<f32>) -> f32 {
+// The words lane t (of 8) of a Q6_K block reads: its quants' (lo: quarters 0 and 2, hi: 1 and 3, h: the 2 high
+// bits of each quarter), then its two scale words and d's.
+struct Q6kWords {
+    lo: vec2<u32>,
+    hi: vec2<u32>,
+    h: vec2<u32>,
+    scales_d: vec3<u32>,
+}
+
+fn q6k_fetch8(block: u32, t: u32) -> Q6kWords {
     let half = t / 4u;
     let l0 = (t % 4u) * 8u;
     let s = (block & 2u) * 8u;
     let w = block >> 2u;
     let at = w + half * 16u + l0 / 4u;
-    let lo = vec2<u32>(word_at(at, s), word_at(at + 1u, s)); // quarters 0 (low nibbles) and 2 (high)
-    let hi = vec2<u32>(word_at(at + 8u, s), word_at(at + 9u, s)); // quarters 1 and 3
     let hat = w + 32u + half * 8u + l0 / 4u;
-    let h = vec2<u32>(word_at(hat, s), word_at(hat + 1u, s)); // 2 high bits of each quarter
-    let sa = word_at(w + 48u + half * 2u, s);
-    let sb = word_at(w + 49u + half * 2u, s);
-    let d = unpack2x16float(word_at(w + 52u, s)).x;
+    return Q6kWords(
+        vec2<u32>(word_at(at, s), word_at(at + 1u, s)),
+        vec2<u32>(word_at(at + 8u, s), word_at(at + 9u, s)),
+        vec2<u32>(word_at(hat, s), word_at(hat + 1u, s)),
+        vec3<u32>(word_at(w + 48u + half * 2u, s), word_at(w + 49u + half * 2u, s), word_at(w + 52u, s)));
+}
+
+fn q6k_dot8(block: u32, t: u32, xs: array<vec4<f32>, 8>, bias: vec4<f32>) -> f32 {
+    return q6k_dot8_words(q6k_fetch8(block, t), t, xs, bias);
+}
+
+fn q6k_dot8_words(f: Q6kWords, t: u32, xs: array<vec4<f32>, 8>, bias: vec4<f32>) -> f32 {
+    let l0 = (t % 4u) * 8u;
+    let lo = f.lo;
+    let hi = f.hi;
+    let h = f.h;
+    let sa = f.scales_d.x;
+    let sb = f.scales_d.y;
+    let d = unpack2x16float(f.scales_d.z).x;
     let k = (l0 / 16u) * 8u;
     let m4 = vec2<u32>(0x0f0f0f0fu);
     let m2 = vec2<u32>(0x30303030u);
@@ -196,9 +218,11 @@ fn q4k_sums(xs: array<vec4<f32>, 4>) -> vec2<f32> {
 // The 6-bit scales and mins of sub-blocks 2c and 2c+1 of the Q4_K block at word w (bytes k, k+1 of the 12
 // scale bytes' packing): (scale 2c, scale 2c+1, min 2c, min 2c+1).
 fn q4k_scales(w: u32, c: u32) -> vec4<u32> {
-    let s0 = weights[w + 1u];
-    let s1 = weights[w + 2u];
-    let s2 = weights[w + 3u];
+    return q4k_scales_of(weights[w + 1u], weights[w + 2u], weights[w + 3u], c);
+}
+
+// q4k_scales from the three scale words s0, s1, s2.
+fn q4k_scales_of(s0: u32, s1: u32, s2: u32, c: u32) -> vec4<u32> {
     let k = (c % 2u) * 16u;
     let low = vec2<u32>(s0 >> k, s1 >> k); // sub-blocks 0..3: 6 bits of bytes 4+j, 8+j
     let mixed = s2 >> k; // sub-blocks 4..7: 4 bits of byte 8+j, top 2 of bytes j, 4+j
@@ -244,13 +268,26 @@ fn q4k_sums8(xs: array<vec4<f32>, 8>) -> vec2<f32> {
     return vec2<f32>(dot(xs[0] + xs[1] + xs[2] + xs[3], one), dot(xs[4] + xs[5] + xs[6] + xs[7], one));
 }
 
-fn q4k_dot8(block: u32, t: u32, xs: array<vec4<f32>, 8>, sums: vec2<f32>) -> f32 {
-    let c = t / 2u;
+// The words lane t (of 8) of a Q4_K block reads: d|dmin and the three scale words, then its four of quants.
+struct Q4kWords {
+    head: vec4<u32>,
+    q: vec4<u32>,
+}
+
+fn q4k_fetch8(block: u32, t: u32) -> Q4kWords {
     let w = block >> 2u;
-    let dm = unpack2x16float(weights[w]);
-    let scales = q4k_scales(w, c);
-    let q = w + 4u + c * 8u + (t % 2u) * 4u;
-    let a = vec4<u32>(weights[q], weights[q + 1u], weights[q + 2u], weights[q + 3u]);
+    let q = w + 4u + (t / 2u) * 8u + (t % 2u) * 4u;
+    return Q4kWords(vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]), vec4<u32>(weights[q], weights[q + 1u], weights[q + 2u], weights[q + 3u]));
+}
+
+fn q4k_dot8(block: u32, t: u32, xs: array<vec4<f32>, 8>, sums: vec2<f32>) -> f32 {
+    return q4k_dot8_words(q4k_fetch8(block, t), t, xs, sums);
+}
+
+fn q4k_dot8_words(f: Q4kWords, t: u32, xs: array<vec4<f32>, 8>, sums: vec2<f32>) -> f32 {
+    let dm = unpack2x16float(f.head.x);
+    let scales = q4k_scales_of(f.head.y, f.head.z, f.head.w, t / 2u);
+    let a = f.q;
     let m4 = vec4<u32>(0x0f0f0f0fu);
     let l = a & m4;
     let h = (a >> vec4<u32>(4u)) & m4;
@@ -269,6 +306,45 @@ fn first_row(wg: vec3<u32>, n_wg: vec3<u32>) -> u32 {
     return (wg.x + wg.y * n_wg.x) * (WG / p.lanes) * ROWS;
 }
 
+// The prefetching variants (matvec.rs sets PREFETCH, for blocks by 8 lanes): a lane loads the words of its next
+// block before it works through this one's, so its loads wait one memory latency in all, not one a block (the
+// F32 rows below gained the same way). The last block's loads are repeated, not branched around: a load behind
+// a branch is issued only once the branch is taken.
+const PREFETCH: bool = false;
+
+fn rows_dot_prefetched(rows: array<u32, ROWS>, lane: u32, xb: u32) -> array<f32, ROWS> {
+    let t = lane % 8u;
+    let side = max(p.lanes / 8u, 1u); // never 0: every loop must end (kernel.rs)
+    let blocks = p.cols / 256u;
+    let block_bytes = select(144u, 210u, TY == 14u);
+    var acc: array<f32, ROWS>;
+    var next4: array<Q4kWords, ROWS>;
+    var next6: array<Q6kWords, ROWS>;
+    let first = min(lane / 8u, blocks - 1u);
+    for (var r = 0u; r < ROWS; r++) {
+        if (TY == 14u) { next6[r] = q6k_fetch8(rows[r] + first * block_bytes, t); } else { next4[r] = q4k_fetch8(rows[r] + first * block_bytes, t); }
+    }
+    for (var blk = lane / 8u; blk < blocks; blk += side) {
+        let now4 = next4;
+        let now6 = next6;
+        let ahead = min(blk + side, blocks - 1u) * block_bytes;
+        for (var r = 0u; r < ROWS; r++) {
+            if (TY == 14u) { next6[r] = q6k_fetch8(rows[r] + ahead, t); } else { next4[r] = q4k_fetch8(rows[r] + ahead, t); }
+        }
+        let at = xb + blk * 256u;
+        if (TY == 14u) {
+            let xs = q6k_x8(at, t);
+            let bias = q6k_bias8(xs);
+            for (var r = 0u; r < ROWS; r++) { acc[r] += q6k_dot8_words(now6[r], t, xs, bias); }
+        } else {
+            let xs = q4k_x8(at, t);
+            let sums = q4k_sums8(xs);
+            for (var r = 0u; r < ROWS; r++) { acc[r] += q4k_dot8_words(now4[r], t, xs, sums); }
+        }
+    }
+    return acc;
+}
+
 // Row `first + ROWS·(lid / lanes) + r` of the matrix whose row 0 is at byte `base` (r < ROWS), dotted with the x
 // at `xb`; rows past p.rows read the last row instead (results dropped by the caller). Every invocation reaches
 // the barriers. Returns, for lane 0 of each group, its ROWS sums.
@@ -282,6 +358,10 @@ fn rows_dot(base: u32, first: u32, xb: u32, lid: u32) -> array<f32, ROWS> {
     var acc: array<f32, ROWS>;
     switch TY {
         case 12u, 14u: {
+            if (PREFETCH && ((TY == 14u && Q6K_LANES == 8u) || (TY == 12u && Q4K_LANES == 8u))) {
+                acc = rows_dot_prefetched(rows, lane, xb);
+                break;
+            }
             let per_block = select(Q4K_LANES, Q6K_LANES, TY == 14u);
             let t = lane % per_block;
             let side = max(p.lanes / per_block, 1u); // never 0: every loop must end (kernel.rs)

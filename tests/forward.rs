@@ -54,13 +54,13 @@ fn a_gpus_products_match_llama_cpp_f32_twin() {
         let greedy = pollster::block_on(forward::check_greedy(&mut engine, &case, 8));
         eprintln!("{:<13} a GPU's products: max |Δ| {max_abs:.2e}, rms {rms:.2e}; greedy equal for {greedy} steps", case.id);
     }
-    // and with the variants `lingtab bench --q4k-octets --four-sides` tries (this is the only test here on a GPU's
+    // and with the variants `lingtab bench --q4k-octets --four-sides --prefetch` tries (this is the only test here on a GPU's
     // products, so the setting reaches no other)
-    lingtab::gpu::matvec::set_engine_trial(true, true);
+    lingtab::gpu::matvec::set_engine_trial(true, true, true);
     let trial = cases().into_iter().take(2).map(|case| pollster::block_on(forward::check_logits(&mut engine, &case))).collect::<Vec<_>>();
-    lingtab::gpu::matvec::set_engine_trial(false, false);
+    lingtab::gpu::matvec::set_engine_trial(false, false, false);
     for (max_abs, rms, _) in trial {
-        eprintln!("with Q4_K blocks by 8 lanes, four side by side: max |Δ| {max_abs:.2e}, rms {rms:.2e}");
+        eprintln!("with Q4_K blocks by 8 lanes, four side by side, loaded ahead: max |Δ| {max_abs:.2e}, rms {rms:.2e}");
     }
 }
 

@@ -90,6 +90,10 @@ pub struct BenchArgs {
     /// Matrix-vector products take rows of 8 Q4_K/Q6_K blocks or more four blocks side by side instead of two
     #[arg(long)]
     pub four_sides: bool,
+    /// Matrix-vector products over Q4_K/Q6_K blocks by 8 lanes load each lane's next block before working through
+    /// this one
+    #[arg(long)]
+    pub prefetch: bool,
 }
 
 pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Result<(), String> {
@@ -98,7 +102,7 @@ pub fn run(model: &ModelPath, args: &BenchArgs, options: &EngineOptions) -> Resu
     crate::gpu::matmul::set_expert_tiles(args.expert_tiles.as_deref().map(crate::gpu::matmul::ExpertTiles::parse).transpose()?);
     crate::gpu::kernel::set_bind_cache(!args.no_bind_cache);
     crate::engine::set_layers_per_submit(args.layers_per_submit);
-    matvec::set_engine_trial(args.q4k_octets, args.four_sides);
+    matvec::set_engine_trial(args.q4k_octets, args.four_sides, args.prefetch);
     let prompts: Vec<usize> = list("--prompts", &args.prompts)?;
     let pools: Vec<f64> = list("--pools", &args.pools)?;
     let mut chunks: Vec<usize> = vec![1];
@@ -186,9 +190,9 @@ pub struct BenchKernelsArgs {
     #[arg(long, default_value_t = 50)]
     pub reps: u32,
     /// Kernel variants to measure besides each matrix's default, comma-separated (r1i, r2i, r4i, r1m, r2m, r4m,
-    /// r2in, r4in, r1i8, r2i8, r1i8q, r2i8q, r1i8qx4, r2i8qx4, r1i8x4, r2i8x4, r4i8, r4i8x4, r4is: rows per lane group, integer or magic
+    /// r2in, r4in, r1i8, r2i8, r1i8q, r2i8q, r1i8qx4, r2i8qx4, r1i8x4, r2i8x4, r4i8, r4i8x4, r1i8qp, r2i8qp, r1i8qx4p, r2i8qx4p, r4is: rows per lane group, integer or magic
     /// conversion, n: one block at a time, 8: Q6_K blocks by 8 lanes, q: Q4_K blocks by 8 lanes too, x4: four
-    /// blocks side by side, s: x read as f32), or "all"
+    /// blocks side by side, p: each lane's next block loaded ahead, s: x read as f32), or "all"
     #[arg(long, default_value = "")]
     pub variants: String,
     /// Print the rows as JSON

@@ -15,7 +15,8 @@ const DENSE_MARKER: &str = "// ---- dense entry point";
 /// row by one invocation with no barrier (`whole_rows`, for CPU adapters) instead of a group of lanes, and Q6_K
 /// blocks by 8 lanes of 32 values instead of 16 of 16 (`octets`: a lane's scale and d words then serve twice the
 /// values), Q4_K blocks likewise (`q4k_octets`: 8 lanes of 32 values, four words of quants each, not two), and
-/// rows of 8 blocks or more four blocks side by side (`four_sides`: a lane then walks its row in fewer steps).
+/// rows of 8 blocks or more four blocks side by side (`four_sides`: a lane then walks its row in fewer steps), and
+/// with blocks by 8 lanes, each lane's next block's words loaded before it works through this one (`prefetch`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub rows: u32,
@@ -26,10 +27,11 @@ pub struct Variant {
     pub octets: bool,
     pub q4k_octets: bool,
     pub four_sides: bool,
+    pub prefetch: bool,
 }
 
 const fn v(rows: u32, magic: bool, narrow: bool, scalar_x: bool) -> Variant {
-    Variant { rows, magic, narrow, scalar_x, whole_rows: false, octets: false, q4k_octets: false, four_sides: false }
+    Variant { rows, magic, narrow, scalar_x, whole_rows: false, octets: false, q4k_octets: false, four_sides: false, prefetch: false }
 }
 
 const fn octets(rows: u32) -> Variant {
@@ -41,12 +43,17 @@ const fn all_octets(rows: u32, four_sides: bool) -> Variant {
     Variant { q4k_octets: true, four_sides, ..octets(rows) }
 }
 
+/// [`all_octets`], each lane's next block loaded ahead.
+const fn prefetched(rows: u32, four_sides: bool) -> Variant {
+    Variant { prefetch: true, ..all_octets(rows, four_sides) }
+}
+
 const fn whole(rows: u32) -> Variant {
-    Variant { rows, magic: false, narrow: false, scalar_x: false, whole_rows: true, octets: false, q4k_octets: false, four_sides: false }
+    Variant { rows, magic: false, narrow: false, scalar_x: false, whole_rows: true, octets: false, q4k_octets: false, four_sides: false, prefetch: false }
 }
 
 impl Variant {
-    pub const ALL: [Variant; 20] = [
+    pub const ALL: [Variant; 24] = [
         v(1, false, false, false),
         v(2, false, false, false),
         v(4, false, false, false),
@@ -65,6 +72,10 @@ impl Variant {
         Variant { four_sides: true, ..octets(2) },
         octets(4),
         Variant { four_sides: true, ..octets(4) },
+        prefetched(1, false),
+        prefetched(2, false),
+        prefetched(1, true),
+        prefetched(2, true),
         v(4, false, false, true),
         whole(1),
     ];
@@ -84,7 +95,7 @@ impl Variant {
         }
         let v = if m.rows >= 65536 { Self::ENGINE[1] } else { Self::ENGINE[0] };
         let trial = ENGINE_TRIAL.load(std::sync::atomic::Ordering::Relaxed);
-        Variant { q4k_octets: v.q4k_octets || trial & 1 != 0, four_sides: v.four_sides || trial & 2 != 0, ..v }
+        Variant { q4k_octets: v.q4k_octets || trial & 1 != 0, four_sides: v.four_sides || trial & 2 != 0, prefetch: v.prefetch || trial & 4 != 0, ..v }
     }
 
     /// The variants [`Variant::for_matrix`] picks from (the others are `lingtab bench-kernels` options).
@@ -92,7 +103,7 @@ impl Variant {
 
     pub fn name(self) -> String {
         format!(
-            "r{}{}{}{}{}{}{}{}",
+            "r{}{}{}{}{}{}{}{}{}",
             self.rows,
             if self.magic { "m" } else { "i" },
             if self.narrow { "n" } else { "" },
@@ -100,7 +111,8 @@ impl Variant {
             if self.whole_rows { "w" } else { "" },
             if self.octets { "8" } else { "" },
             if self.q4k_octets { "q" } else { "" },
-            if self.four_sides { "x4" } else { "" }
+            if self.four_sides { "x4" } else { "" },
+            if self.prefetch { "p" } else { "" }
         )
     }
 
@@ -116,13 +128,14 @@ impl Variant {
 }
 
 /// What the engine's products take beyond their variants on a GPU ([`set_engine_trial`]): bit 0 `q4k_octets`, bit
-/// 1 `four_sides`.
+/// 1 `four_sides`, bit 2 `prefetch`.
 static ENGINE_TRIAL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// Q4_K blocks by 8 lanes and/or rows four blocks side by side in the engine's products on a GPU (`lingtab bench
-/// --q4k-octets --four-sides`, to compare with the variants [`Variant::for_matrix`] picks).
-pub fn set_engine_trial(q4k_octets: bool, four_sides: bool) {
-    ENGINE_TRIAL.store(q4k_octets as u32 | (four_sides as u32) << 1, std::sync::atomic::Ordering::Relaxed);
+/// Q4_K blocks by 8 lanes, rows four blocks side by side and/or the next block loaded ahead in the engine's
+/// products on a GPU (`lingtab bench --q4k-octets --four-sides --prefetch`, to compare with the variants
+/// [`Variant::for_matrix`] picks).
+pub fn set_engine_trial(q4k_octets: bool, four_sides: bool, prefetch: bool) {
+    ENGINE_TRIAL.store(q4k_octets as u32 | (four_sides as u32) << 1 | (prefetch as u32) << 2, std::sync::atomic::Ordering::Relaxed);
 }
 
 const X_SCALAR: [&str; 3] = [
@@ -175,6 +188,9 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
     }
     if v.q4k_octets && !v.whole_rows {
         swap("const Q4K_LANES: u32 = 16u;", "const Q4K_LANES: u32 = 8u;");
+    }
+    if v.prefetch && !v.whole_rows {
+        swap("const PREFETCH: bool = false;", "const PREFETCH: bool = true;");
     }
     if subgroup > 1 {
         swap(SUBGROUP_SUM[0], &format!("const SUBGROUP: u32 = {subgroup}u;"));
