@@ -14,8 +14,8 @@ const DENSE_MARKER: &str = "// ---- dense entry point";
 /// (`narrow`) or two side by side, x read as f32 only (`scalar_x`) even where it could be read as vec4, each
 /// row by one invocation with no barrier (`whole_rows`, for CPU adapters) instead of a group of lanes, and Q6_K
 /// blocks by 8 lanes of 32 values instead of 16 of 16 (`octets`: a lane's scale and d words then serve twice the
-/// values), Q4_K blocks likewise (`q4k_octets`: 8 lanes of 32 values, four words of quants each, not two), and
-/// rows of 8 blocks or more four blocks side by side (`four_sides`: a lane then walks its row in fewer steps), and
+/// values), Q4_K blocks likewise (`q4k_octets`: 8 lanes of 32 values, four words of quants each, not two), rows
+/// of 8 blocks or more four blocks side by side (`four_sides`: a lane then walks its row in fewer steps), and,
 /// with blocks by 8 lanes, each lane's next block's words loaded before it works through this one (`prefetch`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Variant {
