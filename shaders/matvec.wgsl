@@ -49,6 +49,12 @@ struct Params {
     shared_z: u32,
     shared_slot: u32,
     glu_limit_shared: f32,
+    // summed-slices variants: x is the sum of `slices` vectors `slice_stride` floats apart, the partial sums of a
+    // product split by columns (see stage_x)
+    slices: u32,
+    slice_stride: u32,
+    // gated variants: batch b's outputs times σ(gate_logits[gate_offset + b]) (see scaled)
+    gate_offset: u32,
 }
 
 const WG: u32 = 256u;
@@ -93,7 +99,9 @@ fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 
 // [gate | up] into workgroup memory, once per workgroup, and has x1/x4 read it there): the down product of an
 // FFN then needs no swiglu dispatch before it. The RMSNorm variants likewise stage norm.wgsl's rms_norm of x
 // (its sums in its order) and have the first workgroup write it out too: the MoE router's product is then the
-// FFN's norm as well. Returns where rows_dot finds x: `xb`, or 0 in workgroup memory.
+// FFN's norm as well; the summed-slices variants stage the sum of a split product's partial outputs
+// (matmul_sum_slices' sums in its order), so the product after a split one needs no sum_slices dispatch before
+// it. Returns where rows_dot finds x: `xb`, or 0 in workgroup memory.
 fn stage_x(xb: u32, lid: u32, first: bool) -> u32 { return xb; }
 
 // Words i.. of a row read from byte 4·i + s/8 (s 0 or 16: Q6_K blocks are 210 bytes, so every other one starts
@@ -465,6 +473,11 @@ fn store_rows(first: u32, lid: u32, y_at: u32, sums: array<f32, ROWS>) {
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
+// Batch b's sums as they are stored. The gated variants (matvec.rs swaps this for a version with a binding of gate
+// logits) multiply them by σ of the batch's logit, as mla_head_gate multiplies o: an MLA layer's head-wise gate
+// in its value product, a dispatch fewer.
+fn scaled(sums: array<f32, ROWS>, b: u32) -> array<f32, ROWS> { return sums; }
+
 @compute @workgroup_size(256)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
@@ -475,5 +488,5 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n_wg: v
     glu_limit = p.glu_limit;
     let xb = stage_x(p.x_offset + b * p.x_stride, lid, all(wg == vec3<u32>(0u)));
     let sums = rows_dot(p.w_offset + b * p.w_stride, first, xb, lid);
-    store_rows(first, lid, p.y_offset + b * p.y_stride, sums);
+    store_rows(first, lid, p.y_offset + b * p.y_stride, scaled(sums, b));
 }

@@ -48,7 +48,8 @@ fn logits_match_llama_cpp_f32_twin_on_every_fixture_case() {
 fn a_gpus_products_match_llama_cpp_f32_twin() {
     let mut engine = engine(&EngineOptions::default());
     engine.gpu.set_cpu_kernels(false);
-    // one token, and 21 through KDA, MLA and MoE layers, each with its greedy continuation
+    // one token, and 21 through KDA, MLA and MoE layers, each with its greedy continuation (past 32 positions,
+    // where the value product runs in column slices: tests/prefill.rs)
     for case in cases().into_iter().take(2) {
         let (max_abs, rms, _) = pollster::block_on(forward::check_logits(&mut engine, &case));
         let greedy = pollster::block_on(forward::check_greedy(&mut engine, &case, 8));

@@ -55,6 +55,11 @@ fn batched_matvec_matches_reference() {
 }
 
 #[test]
+fn sliced_and_gated_products_match_the_three_dispatches() {
+    pollster::block_on(common::matvec::sliced_and_gated_products_match_the_three_dispatches(&gpu(), &Variant::ENGINE));
+}
+
+#[test]
 fn expert_matvec_reads_selected_slots() {
     pollster::block_on(common::matvec::expert_matvec_reads_selected_slots(&gpu()));
 }

@@ -138,6 +138,28 @@ fn chunked_prefill_gives_the_token_by_token_logits_and_states() {
     }
 }
 
+/// A GPU's decode steps (the other tests here take a CPU adapter's kernels): past 32 positions a step's attention
+/// leaves its value product in column slices, which the gated value product after it adds as it reads them. Token
+/// by token through the prompt and the greedy steps, they give the reference's logits and picks.
+#[test]
+fn a_gpus_decode_steps_give_the_token_by_token_logits() {
+    let (prompt, want) = (prompt(), reference());
+    let mut engine = resident(1, None);
+    engine.gpu.set_cpu_kernels(false);
+    let mut rows = Vec::new();
+    for &t in &prompt {
+        rows = vec![pollster::block_on(engine.step(t)).unwrap()];
+    }
+    for &t in &want.greedy {
+        assert_eq!(argmax(rows.last().unwrap()), t, "a GPU's decode steps: the greedy continuation differs");
+        rows.push(pollster::block_on(engine.step(t)).unwrap());
+    }
+    let worst = want.rows.iter().zip(&rows).map(|(a, b)| max_abs(a, b)).fold(0f32, f32::max);
+    let worst_rms = want.rows.iter().zip(&rows).map(|(a, b)| rms(a, b)).fold(0f32, f32::max);
+    eprintln!("a GPU's decode steps: max |Δlogit| {worst:.2e}, rms {worst_rms:.2e} after the {}-token prompt and {STEPS} greedy steps", prompt.len());
+    assert!(worst <= golden::MAX_ABS && worst_rms <= golden::MAX_RMS, "a GPU's decode steps: max |Δ| {worst:.2e}, rms {worst_rms:.2e}");
+}
+
 #[test]
 fn streamed_prefill_gives_the_same_logits_and_reads_each_selected_expert_once_per_span() {
     let (prompt, want) = (prompt(), reference());

@@ -223,6 +223,11 @@ async fn batched_matvec_matches_reference() {
 }
 
 #[wasm_bindgen_test]
+async fn sliced_and_gated_products_match_the_three_dispatches() {
+    common::matvec::sliced_and_gated_products_match_the_three_dispatches(&Gpu::new().await.expect("WebGPU adapter"), &lingtab::gpu::matvec::Variant::ENGINE).await;
+}
+
+#[wasm_bindgen_test]
 async fn expert_matvec_reads_selected_slots() {
     common::matvec::expert_matvec_reads_selected_slots(&Gpu::new().await.expect("WebGPU adapter")).await;
 }

@@ -433,17 +433,20 @@ fn mla_layer(gpu: &Gpu, p: &mut Pass, c: &Config, w: &Weights, l: usize, s: &Sta
     let kb_m = Matrix { ty: kb.ty, rows: rank, cols: d_nope, byte_offset: 0 };
     let kb_stride = rank as u64 * kb_m.row_bytes() as u64;
     matvec::batched(gpu, p, kb.whole(), kb_m, kb_stride, &s.mla_in, Strided { offset: 0, stride: d_qk }, &s.q_abs, Strided { offset: 0, stride: latent }, nh);
-    if mla::decode_by_products(pos + 1) && !gpu.cpu_kernels() {
-        mla::attention_by_products(gpu, p, &s.q_abs, cache, &s.attn_scratch, Some(&s.attn_slices), &s.latent_mix, pos, 1, nh, rank, rope, d_qk);
+    // the attention's value product in column slices leaves them unsummed: the value product below adds them
+    let slices = if mla::decode_by_products(pos + 1) && !gpu.cpu_kernels() {
+        mla::decode_attention_by_products(gpu, p, &s.q_abs, cache, &s.attn_scratch, &s.attn_slices, &s.latent_mix, pos, nh, rank, rope, d_qk)
     } else {
         mla::attention(gpu, p, &s.q_abs, cache, &s.attn_scratch, &s.latent_mix, pos, nh, rank, rope, d_qk);
-    }
-    // o_h = W_vb,h · (latent mix)_h (per head: d_v rows of R)
+        None
+    };
+    // o_h = σ(gate_h) · W_vb,h · (latent mix)_h (per head: d_v rows of R), the head-wise gate in the same dispatch
     let vb = t("attn_v_b.weight")?;
     let vb_m = Matrix { ty: vb.ty, rows: d_v, cols: rank, byte_offset: 0 };
     let vb_stride = d_v as u64 * vb_m.row_bytes() as u64;
-    matvec::batched(gpu, p, vb.whole(), vb_m, vb_stride, &s.latent_mix, Strided { offset: 0, stride: rank }, &s.heads_out, Strided { offset: 0, stride: d_v }, nh);
-    mla::head_gate(gpu, p, &s.heads_out, &s.mla_in, gate_at, nh, d_v);
+    let latent = if slices.is_some() { &s.attn_slices } else { &s.latent_mix };
+    let gate = matvec::Gate { logits: &s.mla_in, at: gate_at };
+    matvec::batched_with(gpu, p, vb.whole(), vb_m, vb_stride, latent, Strided { offset: 0, stride: rank }, slices, Some(gate), &s.heads_out, Strided { offset: 0, stride: d_v }, nh);
     // the residual: x += W_o·o
     t("attn_output.weight")?.matvec_add(gpu, p, &s.heads_out, 0, &s.x, 0);
     Ok(())

@@ -150,8 +150,8 @@ const X_VEC4: [&str; 3] = [
 ];
 
 /// How a product reads its x: as f32, as vec4 (every offset a multiple of 4), as the SwiGLU activation of
-/// [gate | up] pairs ([`GLU_MAX_COLS`] at most), or as its RMSNorm ([`NORM_MAX_COLS`] at most), the last two
-/// staged in workgroup memory of the given length (the product's columns rounded up to a whole workgroup's: a
+/// [gate | up] pairs ([`GLU_MAX_COLS`] at most), as its RMSNorm ([`NORM_MAX_COLS`] at most), or as the sum of
+/// a split product's partial outputs ([`SLICES_MAX_COLS`] at most), the last three staged in workgroup memory of the given length (the product's columns rounded up to a whole workgroup's: a
 /// kernel holds no more than its matrices need, which on SwiftShader, the browser tests' CPU WebGPU, made the
 /// tiny model's SwiGLU products compile about 4× and run 2× faster than with room for the longest rows; 0 for
 /// the whole-rows variants, which stage nothing).
@@ -161,6 +161,7 @@ enum XRead {
     Vec4,
     Glu(u32),
     Norm(u32),
+    Slices(u32),
 }
 
 /// Floats of workgroup memory a product of `cols` columns stages its input in.
@@ -171,9 +172,15 @@ fn staged_len(cols: u32) -> u32 {
 /// The longest row a SwiGLU product takes (its activations staged in 8 KiB of workgroup memory at most).
 pub const GLU_MAX_COLS: u32 = 2048;
 
-/// The WGSL of a variant's dense or expert entry point, with x read as `x_read` says and reductions shuffling
-/// across `subgroup` lanes (1: workgroup memory only), for matrices of type `ty`.
-fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType) -> String {
+/// The longest row a summed-slices product takes (its sums staged in 8 KiB of workgroup memory at most), and the
+/// most slices it adds.
+pub const SLICES_MAX_COLS: u32 = 2048;
+pub const MAX_SLICES: u32 = 16;
+
+/// The WGSL of a variant's dense or expert entry point, with x read as `x_read` says, reductions shuffling across
+/// `subgroup` lanes (1: workgroup memory only) and (dense, `gated`) each batch's outputs gated, for matrices of
+/// type `ty`.
+fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, gated: bool, ty: GgmlType) -> String {
     let core = &MATVEC[..MATVEC.find(DENSE_MARKER).expect("matvec.wgsl has the dense-entry marker")];
     let mut s = if experts { format!("{QUANT}{core}{EXPERTS}") } else { format!("{QUANT}{MATVEC}") };
     if v.whole_rows {
@@ -230,6 +237,23 @@ fn source(v: Variant, x_read: XRead, subgroup: u32, experts: bool, ty: GgmlType)
             swap("const NORM_LEN: u32 = 3072u;", &format!("const NORM_LEN: u32 = {len}u;"));
             swap(DENSE_PARAMS, NORM_BINDINGS);
         }
+        XRead::Slices(_) if v.whole_rows => {
+            for (from, to) in X_SCALAR[1..].iter().zip(X_SLICES_DIRECT) {
+                swap(from, to);
+            }
+        }
+        XRead::Slices(len) => {
+            for (from, to) in X_SCALAR[1..].iter().zip(X_SLICES) {
+                swap(from, to);
+            }
+            swap(STAGE_X, STAGE_SLICES);
+            swap("const SLICES_LEN: u32 = 2048u;", &format!("const SLICES_LEN: u32 = {len}u;"));
+        }
+    }
+    if gated {
+        assert!(!experts && !matches!(x_read, XRead::Norm(_)), "a gated product is a dense one without a norm");
+        swap(SCALED, SCALED_BY_GATE);
+        swap(DENSE_PARAMS, GATE_BINDINGS);
     }
     s
 }
@@ -284,6 +308,55 @@ const BLOCK_LOOP: [&str; 2] = [
 const EXPERT_SLOT: &str = "if (lid == 0u) { selected_slot = expert_slot(j); }
     // one load for the workgroup, and uniform control flow for the barriers in rows_dot
     let slot = workgroupUniformLoad(&selected_slot);";
+
+/// x1/x4 of a summed-slices variant: the staged sums.
+const X_SLICES: [&str; 2] = [
+    "fn x1(i: u32) -> f32 { return x_sum[i]; }",
+    "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x_sum[i], x_sum[i + 1u], x_sum[i + 2u], x_sum[i + 3u]); }",
+];
+
+/// x1/x4 of a whole-rows summed-slices variant: the sums added as read (STAGE_SLICES', in its order).
+const X_SLICES_DIRECT: [&str; 2] = [
+    "fn x1(i: u32) -> f32 {
+    var total = 0.0;
+    for (var s = 0u; s < min(p.slices, 16u); s++) { total += x[i + s * p.slice_stride]; }
+    return total;
+}",
+    "fn x4(i: u32) -> vec4<f32> { return vec4<f32>(x1(i), x1(i + 1u), x1(i + 2u), x1(i + 3u)); }",
+];
+
+/// The sum of the slices' partial outputs at xb, as matmul_sum_slices adds them (from 0, in slice order), staged
+/// in workgroup memory (SLICES_LEN: the staged length, [`XRead::Slices`]'). Every slice's value is loaded before
+/// any is added, the index clamped to the last slice: loads behind a branch would be issued one latency apart.
+const STAGE_SLICES: &str = "const SLICES_LEN: u32 = 2048u;
+var<workgroup> x_sum: array<f32, SLICES_LEN>;
+fn stage_x(xb: u32, lid: u32, first: bool) -> u32 {
+    let last = max(p.slices, 1u) - 1u;
+    for (var i = lid; i < min(p.cols, SLICES_LEN); i += WG) {
+        var parts: array<f32, 16>;
+        for (var s = 0u; s < 16u; s++) { parts[s] = x[xb + min(s, last) * p.slice_stride + i]; }
+        var total = 0.0;
+        for (var s = 0u; s < 16u; s++) {
+            if (s < p.slices) { total += parts[s]; }
+        }
+        x_sum[i] = total;
+    }
+    workgroupBarrier();
+    return 0u;
+}";
+
+/// matvec.wgsl's batch outputs as stored, and the gated variants' ([`Gate`]): times σ of the batch's logit,
+/// computed as mla_head_gate computes it.
+const SCALED: &str = "fn scaled(sums: array<f32, ROWS>, b: u32) -> array<f32, ROWS> { return sums; }";
+const SCALED_BY_GATE: &str = "fn scaled(sums: array<f32, ROWS>, b: u32) -> array<f32, ROWS> {
+    let gate = 1.0 / (1.0 + exp(-gate_logits[p.gate_offset + b]));
+    var out = sums;
+    for (var r = 0u; r < ROWS; r++) { out[r] *= gate; }
+    return out;
+}";
+/// A gated variant's bindings: the gate logits, then Params.
+const GATE_BINDINGS: &str = "@group(0) @binding(3) var<storage, read> gate_logits: array<f32>;
+@group(0) @binding(4) var<uniform> p: Params;";
 
 /// x1/x4 of an RMSNorm variant: the staged norm.
 const X_NORMED: [&str; 2] = [
@@ -367,7 +440,7 @@ const SUBGROUP_SUM: [&str; 3] = [
 ];
 
 /// The kernel of a variant on this GPU.
-fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool, ty: GgmlType) -> std::rc::Rc<super::Kernel> {
+fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool, gated: bool, ty: GgmlType) -> std::rc::Rc<super::Kernel> {
     // the narrow variants reduce through workgroup memory: with subgroup shuffles the head ran 30 % slower on the
     // H100 (221 → 305 µs, two runs of bench-kernels) and 3 % faster on the H200
     let subgroup = if v.narrow { 1 } else { gpu.subgroup_lanes().unwrap_or(1) };
@@ -378,12 +451,14 @@ fn kernel(gpu: &Gpu, v: Variant, x_read: XRead, experts: bool, ty: GgmlType) -> 
         XRead::Vec4 => " x4".into(),
         XRead::Glu(len) => format!(" glu{len}"),
         XRead::Norm(len) => format!(" norm{len}"),
+        XRead::Slices(len) => format!(" slices{len}"),
     };
-    let label = format!("{name}.wgsl {ty:?} {}{read}{}", v.name(), if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
-    gpu.kernel_built(&label, name, || source(v, x_read, subgroup, experts, ty))
+    let label = format!("{name}.wgsl {ty:?} {}{read}{}{}", v.name(), if gated { " gated" } else { "" }, if subgroup > 1 { format!(" sg{subgroup}") } else { String::new() });
+    gpu.kernel_built(&label, name, || source(v, x_read, subgroup, experts, gated, ty))
 }
 
-/// How the product reads x: the SwiGLU activation of [gate | up] pairs, the RMSNorm of x, else as vec4 where
+/// How the product reads x: the SwiGLU activation of [gate | up] pairs, the RMSNorm of x, the sum of slices, else
+/// as vec4 where
 /// every offset is a multiple of 4 floats and the buffer whole vec4s, else as f32; for a product of `cols`
 /// columns.
 fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, input: Input, cols: u32) -> XRead {
@@ -392,6 +467,8 @@ fn x_read(v: Variant, x: &wgpu::Buffer, at: Strided, input: Input, cols: u32) ->
         XRead::Glu(if v.whole_rows { 0 } else { staged_len(cols) })
     } else if matches!(input, Input::Norm(_)) {
         XRead::Norm(staged_len(cols))
+    } else if matches!(input, Input::Slices(_)) {
+        XRead::Slices(if v.whole_rows { 0 } else { staged_len(cols) })
     } else if !v.scalar_x && at.offset % 4 == 0 && at.stride % 4 == 0 && x.size() % 16 == 0 {
         XRead::Vec4
     } else {
@@ -417,13 +494,31 @@ pub struct Norm<'a> {
     pub out: &'a wgpu::Buffer,
 }
 
-/// What a product's x is: the vector itself, a SwiGLU's [gate | up] ([`Glu`]), or a vector to normalise
-/// ([`Norm`]).
+/// A product whose x is the sum of `count` vectors `stride` floats apart (from x's offset on): the partial
+/// outputs of a product split by columns ([`super::matmul::sum_slices`]'s sum, in its order), so that the sum
+/// needs no dispatch of its own. At most [`MAX_SLICES`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Slices {
+    pub count: u32,
+    pub stride: u32,
+}
+
+/// Batch b's outputs times `σ(logits[at + b])` ([`super::mla::head_gate`]'s arithmetic): an MLA layer's head-wise
+/// gate applied by its value product.
+#[derive(Clone, Copy, Debug)]
+pub struct Gate<'a> {
+    pub logits: &'a wgpu::Buffer,
+    pub at: u32,
+}
+
+/// What a product's x is: the vector itself, a SwiGLU's [gate | up] ([`Glu`]), a vector to normalise
+/// ([`Norm`]), or a sum of slices ([`Slices`]).
 #[derive(Clone, Copy, Debug)]
 enum Input<'a> {
     Plain,
     Glu(Glu),
     Norm(Norm<'a>),
+    Slices(Slices),
 }
 
 /// A matrix of `rows` rows of `cols` values of type `ty`, starting at `byte_offset` of its buffer.
@@ -472,6 +567,21 @@ pub fn batched(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride
     batched_as(Variant::for_matrix(gpu, m), gpu, pass, w, m, w_stride, x, x_at, y, y_at, n);
 }
 
+/// [`batched`] whose x is a sum of slices ([`Slices`], or x itself with None) and whose outputs are gated ([`Gate`],
+/// or not with None): an MLA decode step's value product, the sum of its attention's column slices before it
+/// and its head-wise gate after it in one dispatch.
+#[allow(clippy::too_many_arguments)]
+pub fn batched_with(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, slices: Option<Slices>, gate: Option<Gate>, y: &wgpu::Buffer, y_at: Strided, n: u32) {
+    batched_with_as(Variant::for_matrix(gpu, m), gpu, pass, w, m, w_stride, x, x_at, slices, gate, y, y_at, n);
+}
+
+/// [`batched_with`] with a given kernel variant.
+#[allow(clippy::too_many_arguments)]
+pub fn batched_with_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, slices: Option<Slices>, gate: Option<Gate>, y: &wgpu::Buffer, y_at: Strided, n: u32) {
+    let input = slices.map_or(Input::Plain, Input::Slices);
+    dense_segments_gated(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, false, &[], input, gate);
+}
+
 /// [`batched`] with a given kernel variant.
 #[allow(clippy::too_many_arguments)]
 pub fn batched_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32) {
@@ -500,20 +610,30 @@ pub fn matvec_norm(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &
 
 #[allow(clippy::too_many_arguments)]
 fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], input: Input) {
+    dense_segments_gated(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, accumulate, segments, input, None);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dense_segments_gated(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], input: Input, gate: Option<Gate>) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let v = if matches!(input, Input::Norm(_)) { v.in_lanes() } else { v };
     check_input(m, input);
-    let kernel = kernel(gpu, v, x_read(v, x, x_at, input, m.cols), false, m.ty);
+    let kernel = kernel(gpu, v, x_read(v, x, x_at, input, m.cols), false, gate.is_some(), m.ty);
     let mut params = params(m, v, m.byte_offset, w_stride, x_at, y_at, [0, 0, 1, 0], accumulate);
     set_segments(&mut params, segments);
     set_input(&mut params, input);
     let (gx, gy) = gpu.grid(workgroups(m, v));
-    match input {
-        Input::Norm(norm) => {
+    match (input, gate) {
+        (Input::Norm(norm), None) => {
             assert!(n == 1, "an RMSNorm product has one x");
             pass.dispatch_3d(gpu, &kernel, &[w, x, y, norm.w, norm.out], &params, (gx, gy, n));
         }
-        _ => pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n)),
+        (Input::Norm(_), Some(_)) => unreachable!("a gated product is a dense one without a norm"),
+        (_, Some(gate)) => {
+            params[GATE_AT] = P::U(gate.at);
+            pass.dispatch_3d(gpu, &kernel, &[w, x, y, gate.logits], &params, (gx, gy, n));
+        }
+        (_, None) => pass.dispatch_3d(gpu, &kernel, &[w, x, y], &params, (gx, gy, n)),
     }
 }
 
@@ -522,6 +642,7 @@ fn check_input(m: Matrix, input: Input) {
         Input::Plain => {}
         Input::Glu(_) => assert!(m.cols <= GLU_MAX_COLS, "a SwiGLU product's rows are at most {GLU_MAX_COLS} values"),
         Input::Norm(_) => assert!(m.cols <= NORM_MAX_COLS, "an RMSNorm product's rows are at most {NORM_MAX_COLS} values"),
+        Input::Slices(s) => assert!(m.cols <= SLICES_MAX_COLS && (1..=MAX_SLICES).contains(&s.count), "a summed-slices product's rows are at most {SLICES_MAX_COLS} values, of 1..={MAX_SLICES} slices"),
     }
 }
 
@@ -563,8 +684,10 @@ const SEGMENT_WORDS: usize = 4 + 2 * MAX_SEGMENTS;
 const SEGMENTS_AT: usize = 16;
 const GLU_AT: usize = SEGMENTS_AT + SEGMENT_WORDS;
 const SHARED_AT: usize = GLU_AT + 3;
+const SLICES_AT: usize = SHARED_AT + 3;
+const GATE_AT: usize = SLICES_AT + 2;
 /// Words of Params after the segment tables.
-const TAIL_WORDS: usize = 8;
+const TAIL_WORDS: usize = 12;
 
 /// The SwiGLU words (glu_ff, glu_limit) or the RMSNorm's (norm_eps) after the segment tables.
 fn set_input(params: &mut [P], input: Input) {
@@ -575,6 +698,10 @@ fn set_input(params: &mut [P], input: Input) {
             params[GLU_AT + 1] = P::F(g.limit);
         }
         Input::Norm(n) => params[GLU_AT + 2] = P::F(n.eps),
+        Input::Slices(s) => {
+            params[SLICES_AT] = P::U(s.count);
+            params[SLICES_AT + 1] = P::U(s.stride);
+        }
     }
 }
 
@@ -631,7 +758,7 @@ fn experts_with(v: Variant, gpu: &Gpu, pass: &mut Pass, chunk: PoolChunk, m: Mat
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let input = glu.map_or(Input::Plain, Input::Glu);
     check_input(m, input);
-    let kernel = kernel(gpu, v, x_read(v, x, x_at, input, m.cols), true, m.ty);
+    let kernel = kernel(gpu, v, x_read(v, x, x_at, input, m.cols), true, false, m.ty);
     let mut params = params(m, v, m.byte_offset, 0, x_at, y_at, [chunk.slot_bytes as u32, slot_base, chunk.slots_per_chunk, chunk.index], false);
     set_input(&mut params, input);
     let mut batches = k;

@@ -249,12 +249,28 @@ pub fn score_floats(n_head: usize, n_ctx: usize, chunk: usize, max_binding: u64)
 /// Widths the products cannot step through 32 at a time go to [`attention_tokens`] (`scores` as its scratch).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, scores: &wgpu::Buffer, slices_scratch: Option<&wgpu::Buffer>, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32) {
+    let left = attention_by_products_into(gpu, pass, q_abs, cache, scores, slices_scratch, out, pos, tokens, n_head, rank, rope_dim, d_qk, false);
+    debug_assert!(left.is_none());
+}
+
+/// [`attention_by_products`] for one token (a decode step), whose value product, where it runs in column slices,
+/// leaves its partial outputs in `slices_scratch` unsummed: then the slices are returned, query q's partial of
+/// slice s at `(s·n_head + q)·rank` (for [`super::matvec::batched_with`], which adds them as it reads them: a
+/// dispatch fewer); None where the outputs are in `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, scores: &wgpu::Buffer, slices_scratch: &wgpu::Buffer, out: &wgpu::Buffer, pos: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32) -> Option<super::matvec::Slices> {
+    attention_by_products_into(gpu, pass, q_abs, cache, scores, Some(slices_scratch), out, pos, 1, n_head, rank, rope_dim, d_qk, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_by_products_into(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, scores: &wgpu::Buffer, slices_scratch: Option<&wgpu::Buffer>, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32, keep_slices: bool) -> Option<super::matvec::Slices> {
     use super::matmul::{self, Rows};
     use super::matvec::{Matrix, Strided};
     assert!(tokens >= 1);
     let width = rank + rope_dim;
     if width % 32 != 0 || rank % 32 != 0 {
-        return attention_tokens(gpu, pass, q_abs, cache, scores, out, pos, tokens, n_head, rank, rope_dim, d_qk);
+        attention_tokens(gpu, pass, q_abs, cache, scores, out, pos, tokens, n_head, rank, rope_dim, d_qk);
+        return None;
     }
     let last_cols = (pos + tokens).next_multiple_of(32);
     assert_cache_holds(cache, last_cols - 1, rank, rope_dim);
@@ -265,6 +281,7 @@ pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, c
     let softmax = gpu.kernel(LABEL, SHADER, "mla_softmax_rows");
     let cache_capacity = (cache.size() / (4 * width as u64)) as u32;
     let slice_capacity = slices_scratch.map_or(0, |parts| (parts.size() / 4) as u32);
+    let mut left = None;
     for t0 in (0..tokens).step_by(block as usize) {
         let b = block.min(tokens - t0);
         let n_rows = pos + t0 + b;
@@ -290,17 +307,23 @@ pub fn attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, c
             Some(parts) => {
                 let n = queries * rank;
                 matmul::matmul_by_column_slices(gpu, pass, cache, 0, rank, slice_cols, width, slices, queries, scores, Rows::new(0, cols), parts, Rows::new(0, rank), n);
-                matmul::sum_slices(gpu, pass, parts, rank, queries, slices, out, Rows::new(out_at, rank));
+                if keep_slices && tokens == 1 {
+                    left = Some(super::matvec::Slices { count: slices, stride: n });
+                } else {
+                    matmul::sum_slices(gpu, pass, parts, rank, queries, slices, out, Rows::new(out_at, rank));
+                }
             }
         }
     }
+    left
 }
 
 /// Queries (tokens × heads) up to this score by matrix-vector products and slice the value product.
 const FEW_QUERIES: u32 = 64;
 
-/// Slices at most for the value product's columns; past ~128 workgroups a large GPU is full.
-const MAX_VALUE_SLICES: u32 = 16;
+/// Slices at most for the value product's columns; past ~128 workgroups a large GPU is full. (As many as a
+/// summed-slices product adds: [`super::matvec::MAX_SLICES`].)
+const MAX_VALUE_SLICES: u32 = super::matvec::MAX_SLICES;
 
 /// Floats of the scratch a decode step's value product slices into (see [`attention_by_products`]).
 pub fn value_slice_floats(n_head: usize, rank: usize) -> usize {

@@ -168,6 +168,51 @@ pub async fn batched_matvec_matches_reference(gpu: &Gpu) {
     }
 }
 
+/// An MLA decode step's value product as one dispatch (matvec::batched_with): x the sum of the attention's column
+/// slices, each head's outputs times σ of its gate logit. Bit for bit what sum_slices, the product and head_gate
+/// give one after another (the same sums in the same order), for every variant; and near the f64 reference.
+pub async fn sliced_and_gated_products_match_the_three_dispatches(gpu: &Gpu, variants: &[Variant]) {
+    let seed = Rand::test_seed();
+    let mut rng = Rand::new(seed);
+    let heads = 3usize;
+    for (v, (ty, rows, cols)) in variants.iter().flat_map(|&v| [(GgmlType::Q5_0, 40usize, 512usize), (GgmlType::Q4_K, 37, 512), (GgmlType::Q8_0, 40, 64)].into_iter().map(move |s| (v, s))) {
+        let (bytes, w) = random_matrix(ty, rows * heads, cols, &mut rng);
+        let w_buf = gpu.upload("w", &bytes);
+        let m = Matrix { ty, rows: rows as u32, cols: cols as u32, byte_offset: 0 };
+        let w_stride = ty.bytes_for((rows * cols) as u64).unwrap();
+        // the gate logits after other values in their buffer, as a decode step's projections hold them
+        let gate_at = 5u32;
+        let logits = rng.normals(gate_at as usize + heads, 3.0);
+        let logits_buf = gpu.upload("gate logits", &f32_bytes(&logits));
+        for slices in [1u32, 3, matvec::MAX_SLICES] {
+            // slice s of head h at (s·heads + h)·cols, as the attention's value product leaves them
+            let stride = (heads * cols) as u32;
+            let parts = rng.normals(slices as usize * heads * cols, 1.0);
+            let parts_buf = gpu.upload("slices", &f32_bytes(&parts));
+            let (summed, want_y, got_y) = (poisoned(gpu, "summed", heads * cols), poisoned(gpu, "y apart", heads * rows + 3), poisoned(gpu, "y", heads * rows + 3));
+            let x_at = Strided { offset: 0, stride: cols as u32 };
+            let y_at = Strided { offset: 0, stride: rows as u32 };
+            let mut pass = Pass::new();
+            lingtab::gpu::matmul::sum_slices(gpu, &mut pass, &parts_buf, cols as u32, heads as u32, slices, &summed, lingtab::gpu::matmul::Rows::new(0, cols as u32));
+            matvec::batched_as(v, gpu, &mut pass, &w_buf, m, w_stride, &summed, x_at, &want_y, y_at, heads as u32);
+            lingtab::gpu::mla::head_gate(gpu, &mut pass, &want_y, &logits_buf, gate_at, heads as u32, rows as u32);
+            let gate = matvec::Gate { logits: &logits_buf, at: gate_at };
+            matvec::batched_with_as(v, gpu, &mut pass, &w_buf, m, w_stride, &parts_buf, x_at, Some(matvec::Slices { count: slices, stride }), Some(gate), &got_y, y_at, heads as u32);
+            pass.submit(gpu);
+            let (want, got) = (read_f32(gpu, &want_y, heads * rows + 3).await, read_f32(gpu, &got_y, heads * rows + 3).await);
+            let what = format!("{ty}×{cols} {} in {slices} slices (seed {seed})", v.name());
+            assert!(got[heads * rows..].iter().all(|v| v.is_nan()), "{what}: wrote past the heads' rows");
+            assert_eq!(got[..heads * rows].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want[..heads * rows].iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{what}: differs from sum_slices, the product and head_gate");
+            for h in 0..heads {
+                let x: Vec<f32> = (0..cols).map(|i| (0..slices as usize).fold(0f32, |t, s| t + parts[(s * heads + h) * cols + i])).collect();
+                let gate = 1.0 / (1.0 + (-logits[gate_at as usize + h] as f64).exp());
+                let ungated: Vec<f32> = got[h * rows..][..rows].iter().map(|&v| (v as f64 / gate) as f32).collect();
+                check(&format!("{what} head {h}"), &ungated, &w[h * rows * cols..][..rows * cols], &x, rows, cols);
+            }
+        }
+    }
+}
+
 /// Experts read from pool slots spread over two pool buffers, selected through `sel` and the slot table.
 pub async fn expert_matvec_reads_selected_slots(gpu: &Gpu) {
     let seed = Rand::test_seed();

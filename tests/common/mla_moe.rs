@@ -205,6 +205,8 @@ pub async fn mla_attention_by_products_matches_reference(gpu: &Gpu) {
     let mut rng = Rand::new(seed);
     let n_head = 3u32;
     let n_ctx = 720usize;
+    // decode steps whose attention left its value product's slices (widths of whole 32-dim steps, past 32 rows)
+    let mut sliced = 0;
     for (rank, rope_dim, d_nope, _) in MLA_SHAPES {
         let width = (rank + rope_dim) as usize;
         let d_qk = d_nope + rope_dim;
@@ -243,8 +245,27 @@ pub async fn mla_attention_by_products_matches_reference(gpu: &Gpu) {
             // f32 scores of 576-term sums summed tile by tile, their rounding amplified by the softmax: up to
             // ~1.1e-5 seen on SwiftShader (7.6e-6 on lavapipe); a wrong row, mask or block is off by ~1e-1
             check(&what, &got[..want.len()], &want, 3e-5, 1e-5);
+            if block == Some(0) {
+                // the decode step's form, which leaves the value product's column slices for the product after it
+                let parts = poisoned(gpu, "value slices", mla::value_slice_floats(n_head as usize, rank as usize));
+                let out = poisoned(gpu, "attention out", (n_head * rank) as usize);
+                let mut pass = Pass::new();
+                let left = mla::decode_attention_by_products(gpu, &mut pass, &q_buf, &cache_buf, &scores, &parts, &out, pos, n_head, rank, rope_dim, d_qk);
+                pass.submit(gpu);
+                let summed = match left {
+                    Some(slices) => {
+                        assert!(slices.count > 1, "{what}: one slice is summed in place");
+                        let p = read_f32(gpu, &parts, (slices.count * slices.stride) as usize).await;
+                        (0..(n_head * rank) as usize).map(|i| (0..slices.count as usize).fold(0f32, |t, s| t + p[s * slices.stride as usize + i])).collect()
+                    }
+                    None => read_f32(gpu, &out, (n_head * rank) as usize).await,
+                };
+                sliced += left.is_some() as usize;
+                check(&format!("{what}, slices left"), &summed, &want, 3e-5, 1e-5);
+            }
         }
     }
+    assert!(sliced > 0, "no decode step left its slices (seed {seed})");
 }
 
 pub async fn mla_head_gate_matches_reference(gpu: &Gpu) {
