@@ -139,17 +139,22 @@ fn chunked_prefill_gives_the_token_by_token_logits_and_states() {
 }
 
 /// A GPU's decode steps (the other tests here take a CPU adapter's kernels): past 32 positions a step's attention
-/// leaves its value product in column slices, which the gated value product after it adds as it reads them. Token
-/// by token through the prompt and the greedy steps, they give the reference's logits and picks.
+/// leaves its value product in column slices, which the gated value product after it adds as it reads them, so a
+/// step there takes no more dispatches than one before. Token by token through the prompt and the greedy steps,
+/// they give the reference's logits and picks.
 #[test]
 fn a_gpus_decode_steps_give_the_token_by_token_logits() {
     let (prompt, want) = (prompt(), reference());
     let mut engine = resident(1, None);
     engine.gpu.set_cpu_kernels(false);
     let mut rows = Vec::new();
+    let mut dispatches = Vec::new();
     for &t in &prompt {
+        let before = engine.gpu.counters().dispatches;
         rows = vec![pollster::block_on(engine.step(t)).unwrap()];
+        dispatches.push(engine.gpu.counters().dispatches - before);
     }
+    assert!(dispatches.iter().all(|&d| d == dispatches[0]), "dispatches per step: {dispatches:?}");
     for &t in &want.greedy {
         assert_eq!(argmax(rows.last().unwrap()), t, "a GPU's decode steps: the greedy continuation differs");
         rows.push(pollster::block_on(engine.step(t)).unwrap());
