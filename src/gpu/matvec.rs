@@ -579,7 +579,7 @@ pub fn batched_with(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_s
 #[allow(clippy::too_many_arguments)]
 pub fn batched_with_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, slices: Option<Slices>, gate: Option<Gate>, y: &wgpu::Buffer, y_at: Strided, n: u32) {
     let input = slices.map_or(Input::Plain, Input::Slices);
-    dense_segments_gated(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, false, &[], input, gate);
+    dense_segments(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, false, &[], input, gate);
 }
 
 /// [`batched`] with a given kernel variant.
@@ -590,7 +590,7 @@ pub fn batched_as(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: M
 
 #[allow(clippy::too_many_arguments)]
 fn dense(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool) {
-    dense_segments(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, accumulate, &[], Input::Plain);
+    dense_segments(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, accumulate, &[], Input::Plain, None);
 }
 
 /// [`matvec`] (`accumulate`: [`matvec_add`]) of a SwiGLU's activation: x at `x_at` holds the gate, `glu.ff`
@@ -598,23 +598,18 @@ fn dense(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_
 /// `m.cols` ≤ [`GLU_MAX_COLS`].
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_glu(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, glu: Glu, y: &wgpu::Buffer, y_at: u32, accumulate: bool) {
-    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, accumulate, &[], Input::Glu(glu));
+    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, accumulate, &[], Input::Glu(glu), None);
 }
 
 /// [`matvec`] of x's RMSNorm ([`Norm`]), which the product also leaves in `norm.out`. `m.cols` ≤
 /// [`NORM_MAX_COLS`].
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_norm(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, x: &wgpu::Buffer, x_at: u32, norm: Norm, y: &wgpu::Buffer, y_at: u32) {
-    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, false, &[], Input::Norm(norm));
+    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(y_at), 1, false, &[], Input::Norm(norm), None);
 }
 
 #[allow(clippy::too_many_arguments)]
-fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], input: Input) {
-    dense_segments_gated(v, gpu, pass, w, m, w_stride, x, x_at, y, y_at, n, accumulate, segments, input, None);
-}
-
-#[allow(clippy::too_many_arguments)]
-fn dense_segments_gated(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], input: Input, gate: Option<Gate>) {
+fn dense_segments(v: Variant, gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, w_stride: u64, x: &wgpu::Buffer, x_at: Strided, y: &wgpu::Buffer, y_at: Strided, n: u32, accumulate: bool, segments: &[Segment], input: Input, gate: Option<Gate>) {
     assert!(m.cols % 32 == 0, "matvec rows must be whole 32-value sub-blocks");
     let v = if matches!(input, Input::Norm(_)) { v.in_lanes() } else { v };
     check_input(m, input);
@@ -664,7 +659,7 @@ pub const MAX_SEGMENTS: usize = 8;
 pub fn stacked(gpu: &Gpu, pass: &mut Pass, w: &wgpu::Buffer, m: Matrix, segments: &[Segment], x: &wgpu::Buffer, x_at: u32, y: &wgpu::Buffer) {
     assert!(!segments.is_empty() && segments.len() <= MAX_SEGMENTS, "a stack holds 1..={MAX_SEGMENTS} matrices");
     assert!(segments[0].first_row == 0 && segments.windows(2).all(|s| s[0].first_row < s[1].first_row) && segments.last().unwrap().first_row < m.rows, "segments ascend from row 0 within the stack");
-    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(0), 1, false, segments, Input::Plain);
+    dense_segments(Variant::for_matrix(gpu, m), gpu, pass, w, m, 0, x, Strided::at(x_at), y, Strided::at(0), 1, false, segments, Input::Plain, None);
 }
 
 /// The segment words of matvec.wgsl's Params (count, then 8 starts and 8 y offsets); none for a plain product.

@@ -266,7 +266,7 @@ pub fn decode_attention_by_products(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Bu
 fn attention_by_products_into(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, cache: &wgpu::Buffer, scores: &wgpu::Buffer, slices_scratch: Option<&wgpu::Buffer>, out: &wgpu::Buffer, pos: u32, tokens: u32, n_head: u32, rank: u32, rope_dim: u32, d_qk: u32, keep_slices: bool) -> Option<super::matvec::Slices> {
     use super::matmul::{self, Rows};
     use super::matvec::{Matrix, Strided};
-    assert!(tokens >= 1);
+    assert!(tokens >= 1 && (!keep_slices || tokens == 1), "slices are left for one token's step only");
     let width = rank + rope_dim;
     if width % 32 != 0 || rank % 32 != 0 {
         attention_tokens(gpu, pass, q_abs, cache, scores, out, pos, tokens, n_head, rank, rope_dim, d_qk);
@@ -307,7 +307,7 @@ fn attention_by_products_into(gpu: &Gpu, pass: &mut Pass, q_abs: &wgpu::Buffer, 
             Some(parts) => {
                 let n = queries * rank;
                 matmul::matmul_by_column_slices(gpu, pass, cache, 0, rank, slice_cols, width, slices, queries, scores, Rows::new(0, cols), parts, Rows::new(0, rank), n);
-                if keep_slices && tokens == 1 {
+                if keep_slices {
                     left = Some(super::matvec::Slices { count: slices, stride: n });
                 } else {
                     matmul::sum_slices(gpu, pass, parts, rank, queries, slices, out, Rows::new(out_at, rank));
