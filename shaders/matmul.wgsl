@@ -1020,6 +1020,185 @@ fn matmul_experts_blocks_tall(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
     }
 }
 
+// ---- experts on quad block tiles ----
+// Tall block tiles (128 rows × up to 16 pairs) whose invocations hold 4 rows each, at a quarter of the columns a
+// tall tile's hold: rows r, r + 32, r + 64, r + 96 (r = lid % 32) and, within each 32-column sub-block of the
+// step, columns 4j .. 4j+3 (j = lid / 32: a subgroup holds 32 rows' same columns). Each input read from workgroup
+// memory then serves 4 rows (16 multiply-adds), where a tall tile's serves 2 (8): a tall tile reads its inputs
+// from workgroup memory once per 8 of its multiply-adds. Same tile list, same sums per product (each row's 32
+// columns of a sub-block still reach its total through its own invocations' partial sums).
+
+const QUAD_LANES: u32 = 32u;
+
+// One step's raw words of an invocation's 4 rows' 16 weights, a row at a time. Q4_K: q = the nibble words of
+// the step's two 32-byte groups at byte 4j, a = d|dmin and the 12 scale bytes. Q6_K: q = the low-nibble words
+// of quarter parity 0 and 1 at byte 4j, a.x = the high-pair word, a.z/a.w the half block's int8 scales, b = d.
+struct FetchedQuad {
+    q: vec2<u32>,
+    a: vec4<u32>,
+    b: u32,
+}
+
+fn fetch_quad(ty: u32, row: u32, j: u32, col: u32) -> FetchedQuad {
+    var f: FetchedQuad;
+    let half = (col % 256u) / 128u;
+    switch ty {
+        case 12u: {
+            let block = row + (col / 256u) * 144u;
+            let qs = block + 16u + half * 64u + 4u * j;
+            f.q = vec2<u32>(w_word(qs), w_word(qs + 32u));
+            f.a = vec4<u32>(w_word(block), w_word(block + 4u), w_word(block + 8u), w_word(block + 12u));
+        }
+        case 14u: {
+            let block = row + (col / 256u) * 210u;
+            let ql = block + half * 64u + 4u * j;
+            let sc = block + 192u + half * 8u;
+            f.q = vec2<u32>(w_word(ql), w_word(ql + 32u));
+            f.a = vec4<u32>(w_word(block + 128u + half * 32u + 4u * j), 0u, w_word(sc), w_word(sc + 4u));
+            f.b = w_word(block + 208u);
+        }
+        default: {}
+    }
+    return f;
+}
+
+// The invocation's 4 weights of sub-block s (0..3) of the step at `col` in one row: columns 4j .. 4j+3 (zeros past
+// the row's end), in ggml's arithmetic (decode_block's, for a quarter of its columns).
+fn decode_quad(prm: Params, f: FetchedQuad, row: u32, j: u32, col: u32, s: u32) -> vec4<f32> {
+    var w: vec4<f32>;
+    switch TY {
+        case 12u: { // Q4_K: sub-block 4·half + s; its low or high nibbles of 32-byte group s / 2
+            let dm = q4_k_fetched_scale_min(f.a, ((col % 256u) / 128u) * 4u + s);
+            let shift = (s % 2u) * 4u;
+            w = dm.x * vec4<f32>(unpack4xU8((f.q[s / 2u] >> shift) & 0x0f0f0f0fu)) - dm.y;
+        }
+        case 14u: { // Q6_K: quarter s of the half block, the int8 scale of its 16 columns that hold 4j
+            let d = unpack2x16float(f.b).x;
+            let shift = select(0u, 4u, s >= 2u);
+            let scales = select(f.a.z, f.a.w, s >= 2u);
+            let ds = d * f32(sign_extend8((scales >> ((s % 2u) * 16u + (j / 4u) * 8u)) & 0xffu));
+            let q = ((f.q[s % 2u] >> shift) & 0x0f0f0f0fu) | (((f.a.x >> (2u * s)) & 0x03030303u) << 4u);
+            w = ds * (vec4<f32>(unpack4xU8(q)) - 32.0);
+        }
+        default: {
+            let c0 = col + 32u * s + 4u * j;
+            for (var n = 0u; n < 4u; n++) {
+                if (c0 + n < prm.cols) { w[n] = row_value(TY, row, c0 + n); }
+            }
+        }
+    }
+    return w;
+}
+
+// sum + w·x, one product at a time
+fn fma_4(w: vec4<f32>, x: vec4<f32>, sum: f32) -> f32 {
+    return fma(w.w, x.w, fma(w.z, x.z, fma(w.y, x.y, fma(w.x, x.x, sum))));
+}
+
+// The 4 weights of sub-block s of 4 rows times the inputs of pairs `pair` .. `pair` + 3 in buffer `buf`, added
+// onto those pairs' sums of each row (sums[i][n]: row i, pair pair + n), each input read once.
+fn quad_quads(w: array<vec4<f32>, 4>, pair: u32, s: u32, j: u32, buf: u32, sums: array<vec4<f32>, 4>) -> array<vec4<f32>, 4> {
+    var out = sums;
+    for (var n = 0u; n < 4u; n++) {
+        let x = block_x[buf + (pair + n) * 32u + 8u * s + j];
+        for (var i = 0u; i < 4u; i++) { out[i][n] = fma_4(w[i], x, out[i][n]); }
+    }
+    return out;
+}
+
+// Row i's sums (the rows r + 32i of the tile) of pairs 2p and 2p + 1 (p = lid / 32 … as j), added over the 8
+// invocations that hold the row's columns, through block_x in one round: each invocation leaves its 16 sums of
+// the row, then adds up two. Every invocation calls it, once the steps are done (it first waits until every
+// invocation is done reading block_x).
+fn quad_row_sums(acc: array<vec4<f32>, 4>, r: u32, j: u32) -> vec2<f32> {
+    workgroupBarrier();
+    let mine = 4u * (j * QUAD_LANES + r);
+    block_x[mine] = acc[0];
+    block_x[mine + 1u] = acc[1];
+    block_x[mine + 2u] = acc[2];
+    block_x[mine + 3u] = acc[3];
+    workgroupBarrier();
+    var total = vec2<f32>(0.0);
+    for (var jj = 0u; jj < 8u; jj++) {
+        let v = block_x[4u * (jj * QUAD_LANES + r) + j / 2u];
+        total += select(v.xy, v.zw, j % 2u == 1u);
+    }
+    return total;
+}
+
+@compute @workgroup_size(256)
+fn matmul_experts_blocks_quad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let prm = pe;
+    let info = tile_entry(wg.y, lid);
+    let slot = info.x;
+    let row0 = wg.x * TALL_ROWS;
+    if (!entry_runs(prm, info, row0)) { return; }
+    let start = info.y;
+    let count = min(info.z, BLOCK_PAIRS);
+    let j = lid / QUAD_LANES;
+    let r = lid % QUAD_LANES;
+    var ok: array<bool, 4>;
+    var at: array<u32, 4>;
+    let base = entry_weights(prm, slot);
+    for (var i = 0u; i < 4u; i++) {
+        let row = row0 + r + QUAD_LANES * i;
+        ok[i] = row < prm.rows;
+        at[i] = base + row * prm.row_bytes;
+    }
+    // loading inputs: 8 columns of the step, from `part`, of pair lid / 16
+    let load_pair = lid / 16u;
+    let part = (lid % 16u) * 8u;
+    let loads = load_pair < count;
+    var x_base = 0u;
+    if (loads) {
+        x_base = pair_input(prm, start + load_pair);
+    }
+    // sums of pairs 4q .. 4q+3, row i at [i]
+    var acc0: array<vec4<f32>, 4>;
+    var acc1: array<vec4<f32>, 4>;
+    var acc2: array<vec4<f32>, 4>;
+    var acc3: array<vec4<f32>, 4>;
+    var next: array<FetchedQuad, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        if (ok[i]) { next[i] = fetch_quad(TY, at[i], j, 0u); }
+    }
+    var next_x = block_step_inputs(prm, x_base, loads, part);
+    var buf = 0u;
+    for (var k0 = 0u; k0 < prm.cols; k0 += BLOCK_STEP) {
+        stage_block_inputs(next_x, load_pair, part, buf);
+        let fetched = next;
+        workgroupBarrier();
+        let k1 = k0 + BLOCK_STEP;
+        if (k1 < prm.cols) {
+            for (var i = 0u; i < 4u; i++) {
+                if (ok[i]) { next[i] = fetch_quad(TY, at[i], j, k1); }
+            }
+            next_x = block_step_inputs(prm, x_base, loads, k1 + part);
+        }
+        for (var s = 0u; s < 4u; s++) {
+            // a row past the matrix decodes nothing (types decoded from the weights would read past it)
+            var w: array<vec4<f32>, 4>;
+            for (var i = 0u; i < 4u; i++) {
+                if (ok[i]) { w[i] = decode_quad(prm, fetched[i], at[i], j, k0, s); }
+            }
+            acc0 = quad_quads(w, 0u, s, j, buf, acc0);
+            if (count > 4u) { acc1 = quad_quads(w, 4u, s, j, buf, acc1); }
+            if (count > 8u) { acc2 = quad_quads(w, 8u, s, j, buf, acc2); }
+            if (count > 12u) { acc3 = quad_quads(w, 12u, s, j, buf, acc3); }
+        }
+        buf = BLOCK_BUFFER - buf;
+    }
+    // row by row, the sums of the row's 8 invocations; this invocation stores pairs 2j, 2j + 1 of each
+    for (var i = 0u; i < 4u; i++) {
+        let total = quad_row_sums(array<vec4<f32>, 4>(acc0[i], acc1[i], acc2[i], acc3[i]), r, j);
+        let row = row0 + r + QUAD_LANES * i;
+        for (var e = 0u; e < 2u; e++) {
+            let n = 2u * j + e;
+            if (n < count && ok[i]) { store(pair_output(prm, start + n) + row, total[e]); }
+        }
+    }
+}
+
 // ---- the slices of a product split by columns, added ----
 
 struct SumParams {

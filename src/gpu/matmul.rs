@@ -82,6 +82,9 @@ pub enum ExpertTiles {
     /// Block tiles of [`TALL_ROWS`] rows, each invocation two rows at the same columns: an input read from
     /// workgroup memory serves both.
     BlocksTall,
+    /// Tall block tiles whose invocations hold four rows at a quarter of the columns: an input read from
+    /// workgroup memory serves four.
+    BlocksQuad,
 }
 
 /// Pairs per entry of block tiles (`BLOCK_PAIRS` in the shader) and their rows (`BLOCK_ROWS`).
@@ -96,7 +99,7 @@ impl ExpertTiles {
         match self {
             ExpertTiles::Rows => ROW_TOKENS,
             ExpertTiles::Wide => TILE_TOKENS,
-            ExpertTiles::Blocks | ExpertTiles::BlocksNear | ExpertTiles::BlocksTall => BLOCK_PAIRS,
+            ExpertTiles::Blocks | ExpertTiles::BlocksNear | ExpertTiles::BlocksTall | ExpertTiles::BlocksQuad => BLOCK_PAIRS,
         }
     }
 
@@ -107,16 +110,18 @@ impl ExpertTiles {
             ExpertTiles::Blocks => ("matmul_experts_blocks", BLOCK_ROWS),
             ExpertTiles::BlocksNear => ("matmul_experts_blocks_near", BLOCK_ROWS),
             ExpertTiles::BlocksTall => ("matmul_experts_blocks_tall", TALL_ROWS),
+            ExpertTiles::BlocksQuad => ("matmul_experts_blocks_quad", TALL_ROWS),
         }
     }
 
     /// Every kind with its `lingtab bench --expert-tiles` name.
-    pub const NAMED: [(ExpertTiles, &'static str); 5] = [
+    pub const NAMED: [(ExpertTiles, &'static str); 6] = [
         (ExpertTiles::Rows, "rows"),
         (ExpertTiles::Wide, "wide"),
         (ExpertTiles::Blocks, "blocks"),
         (ExpertTiles::BlocksNear, "blocks-near"),
         (ExpertTiles::BlocksTall, "blocks-tall"),
+        (ExpertTiles::BlocksQuad, "blocks-quad"),
     ];
 
     /// The kinds [`expert_tiles`] picks from (the others are `lingtab bench --expert-tiles` options).

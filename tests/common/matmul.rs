@@ -173,12 +173,13 @@ pub async fn grouped_expert_matmul_reads_each_pairs_expert(gpu: &Gpu, kinds: &[E
     let mut rng = Rand::new(seed);
     let k_quants = [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512)];
     let with_q8 = [(GgmlType::Q6_K, 200, 256), (GgmlType::Q4_K, 130, 512), (GgmlType::Q8_0, 70, 96)];
-    let cases: [(usize, ExpertTiles, &[(GgmlType, usize, usize)]); 6] = [
+    let cases: [(usize, ExpertTiles, &[(GgmlType, usize, usize)]); 7] = [
         (70, ExpertTiles::Wide, &k_quants),
         (70, ExpertTiles::Rows, &k_quants),
         (70, ExpertTiles::Blocks, &with_q8),
         (70, ExpertTiles::BlocksNear, &with_q8),
         (70, ExpertTiles::BlocksTall, &with_q8),
+        (70, ExpertTiles::BlocksQuad, &with_q8),
         (matmul::FEW_TOKENS as usize, ExpertTiles::Rows, &k_quants),
     ];
     for (tokens, tiles, types) in cases.into_iter().filter(|(_, tiles, _)| kinds.contains(tiles)) {
