@@ -1106,9 +1106,9 @@ fn quad_quads(w: array<vec4<f32>, 4>, pair: u32, s: u32, j: u32, buf: u32, sums:
     return out;
 }
 
-// Row i's sums (the rows r + 32i of the tile) of pairs 2p and 2p + 1 (p = lid / 32 … as j), added over the 8
-// invocations that hold the row's columns, through block_x in one round: each invocation leaves its 16 sums of
-// the row, then adds up two. Every invocation calls it, once the steps are done (it first waits until every
+// The sums of one of the invocation's rows for pairs 2j and 2j + 1 (`acc`: its 16 partial sums of that row, pairs
+// 4q .. 4q+3 at [q]), added over the row's 8 invocations (j = 0..7) through block_x in one round: each invocation
+// leaves its 16 partial sums, then adds up two pairs' 8. Every invocation calls it, once the steps are done (it first waits until every
 // invocation is done reading block_x).
 fn quad_row_sums(acc: array<vec4<f32>, 4>, r: u32, j: u32) -> vec2<f32> {
     workgroupBarrier();

@@ -53,9 +53,9 @@ pub struct BenchArgs {
     pub split_target: u32,
     /// Tiles of the experts' products of every chunk over 16 tokens, instead of blocks or wide by the experts'
     /// average pairs: blocks (64 rows × 16 pairs, weights decoded into registers), blocks-near (the same, a row's
-    /// 4 invocations side by side), blocks-tall (128 rows × 16 pairs, two rows an invocation), blocks-quad (the same, four
-    /// rows an invocation), wide (64 rows × 64
-    /// pairs, weights decoded into workgroup memory) or rows (128 rows × 16 pairs, an invocation a row)
+    /// 4 invocations side by side), blocks-tall (128 rows × 16 pairs, two rows an invocation), blocks-quad (the
+    /// same, four rows an invocation), wide (64 rows × 64 pairs, weights decoded into workgroup memory) or rows
+    /// (128 rows × 16 pairs, an invocation a row)
     #[arg(long)]
     pub expert_tiles: Option<String>,
     /// A new bind group for every dispatch instead of the ones kept from the last submission
