@@ -743,6 +743,19 @@ fn fetch_block(ty: u32, row: u32, j: u32, col: u32) -> FetchedBlock {
     return f;
 }
 
+// 4 weights of a Q4_K sub-block from its nibbles in `q` (low or high by `shift`), with its scale and min `dm`.
+fn q4k_weights(dm: vec2<f32>, q: u32, shift: u32) -> vec4<f32> {
+    return dm.x * vec4<f32>(unpack4xU8((q >> shift) & 0x0f0f0f0fu)) - dm.y;
+}
+
+// 4 weights of quarter s of a Q6_K half block from their low-nibble word `ql` and high-pair word `qh`, with their
+// scale `ds` (d times the int8 scale of their 16 columns).
+fn q6k_weights(ds: f32, ql: u32, qh: u32, s: u32) -> vec4<f32> {
+    let shift = select(0u, 4u, s >= 2u);
+    let q = ((ql >> shift) & 0x0f0f0f0fu) | (((qh >> (2u * s)) & 0x03030303u) << 4u);
+    return ds * (vec4<f32>(unpack4xU8(q)) - 32.0);
+}
+
 // The invocation's 8 weights of sub-block s (0..3) of the step at `col`: columns 4j .. +3 in [0], 16+4j .. +3
 // in [1] (zeros past the row's end), in ggml's arithmetic. (Quants made f32 through 2^23's exponent bits, as
 // matvec.wgsl's MAGIC, left a 2048-token chunk's speed as it was on the H100: 11,201 / 11,280 tok/s against
@@ -754,20 +767,17 @@ fn decode_block(prm: Params, f: FetchedBlock, row: u32, j: u32, col: u32, s: u32
             let dm = q4_k_fetched_scale_min(f.a, ((col % 256u) / 128u) * 4u + s);
             let shift = (s % 2u) * 4u;
             let g = (s / 2u) * 2u;
-            w[0] = dm.x * vec4<f32>(unpack4xU8((f.q[g] >> shift) & 0x0f0f0f0fu)) - dm.y;
-            w[1] = dm.x * vec4<f32>(unpack4xU8((f.q[g + 1u] >> shift) & 0x0f0f0f0fu)) - dm.y;
+            w[0] = q4k_weights(dm, f.q[g], shift);
+            w[1] = q4k_weights(dm, f.q[g + 1u], shift);
         }
         case 14u: { // Q6_K: quarter s of the half block, an int8 scale per 16 columns
             let d = unpack2x16float(f.b).x;
-            let shift = select(0u, 4u, s >= 2u);
             let p = (s % 2u) * 2u;
             let scales = select(f.a.z, f.a.w, s >= 2u);
             let ds0 = d * f32(sign_extend8((scales >> ((s % 2u) * 16u)) & 0xffu));
             let ds1 = d * f32(sign_extend8((scales >> ((s % 2u) * 16u + 8u)) & 0xffu));
-            let q0 = ((f.q[p] >> shift) & 0x0f0f0f0fu) | (((f.a.x >> (2u * s)) & 0x03030303u) << 4u);
-            let q1 = ((f.q[p + 1u] >> shift) & 0x0f0f0f0fu) | (((f.a.y >> (2u * s)) & 0x03030303u) << 4u);
-            w[0] = ds0 * (vec4<f32>(unpack4xU8(q0)) - 32.0);
-            w[1] = ds1 * (vec4<f32>(unpack4xU8(q1)) - 32.0);
+            w[0] = q6k_weights(ds0, f.q[p], f.a.x, s);
+            w[1] = q6k_weights(ds1, f.q[p + 1u], f.a.y, s);
         }
         default: {
             let c0 = col + 32u * s + 4u * j;
@@ -1069,16 +1079,13 @@ fn decode_quad(prm: Params, f: FetchedQuad, row: u32, j: u32, col: u32, s: u32) 
     switch TY {
         case 12u: { // Q4_K: sub-block 4·half + s; its low or high nibbles of 32-byte group s / 2
             let dm = q4_k_fetched_scale_min(f.a, ((col % 256u) / 128u) * 4u + s);
-            let shift = (s % 2u) * 4u;
-            w = dm.x * vec4<f32>(unpack4xU8((f.q[s / 2u] >> shift) & 0x0f0f0f0fu)) - dm.y;
+            w = q4k_weights(dm, f.q[s / 2u], (s % 2u) * 4u);
         }
         case 14u: { // Q6_K: quarter s of the half block, the int8 scale of its 16 columns that hold 4j
             let d = unpack2x16float(f.b).x;
-            let shift = select(0u, 4u, s >= 2u);
             let scales = select(f.a.z, f.a.w, s >= 2u);
             let ds = d * f32(sign_extend8((scales >> ((s % 2u) * 16u + (j / 4u) * 8u)) & 0xffu));
-            let q = ((f.q[s % 2u] >> shift) & 0x0f0f0f0fu) | (((f.a.x >> (2u * s)) & 0x03030303u) << 4u);
-            w = ds * (vec4<f32>(unpack4xU8(q)) - 32.0);
+            w = q6k_weights(ds, f.q[s % 2u], f.a.x, s);
         }
         default: {
             let c0 = col + 32u * s + 4u * j;
